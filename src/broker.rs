@@ -1,0 +1,330 @@
+//! RabbitMQ: connecting (with failover over several nodes), declaring the topology, and
+//! publishing with confirms. Every process calls [`declare_topology`] at start; it is
+//! idempotent.
+//!
+//! ```text
+//! exchange <ns> (topic) ──#──▶ <ns>.email (quorum, delivery limit, DLX <ns>.dlx)
+//! exchange <ns>.retry (headers) ──x-mailroom-delay=5s──▶ <ns>.retry.5s (quorum, TTL 5s, DLX <ns>)
+//! exchange <ns>.dlx (fanout) ──▶ <ns>.dead (durable, no consumer)
+//! ```
+//! Retry tiers are reached through a headers exchange rather than the default exchange so that
+//! a retried message keeps its routing key (the kind) when it expires back into `<ns>`.
+
+use std::time::Duration;
+
+use lapin::{
+    BasicProperties, Channel, Confirmation, Connection, ConnectionProperties, ExchangeKind,
+    options::{
+        BasicPublishOptions, ConfirmSelectOptions, ExchangeDeclareOptions, QueueBindOptions,
+        QueueDeclareOptions,
+    },
+    types::{AMQPValue, FieldTable, LongString, ShortString},
+};
+
+use crate::config::UrlList;
+
+/// How many times the broker may deliver one message before dead-lettering it: the guard
+/// against a job that crashes every worker that takes it. Connection losses count too on
+/// RabbitMQ 3.x, so it leaves room for a few of those.
+pub const DELIVERY_LIMIT: i64 = 10;
+/// How long a publish may wait for its confirm before it counts as failed.
+pub const CONFIRM_TIMEOUT: Duration = Duration::from_secs(10);
+/// Header naming the retry tier a message is published to.
+pub const DELAY_HEADER: &str = "x-mailroom-delay";
+pub const KIND_HEADER: &str = "x-mailroom-kind";
+pub const ATTEMPT_HEADER: &str = "x-mailroom-attempt";
+
+/// The names of every exchange and queue, derived from one namespace so that tests (and
+/// tenants sharing a broker) can run side by side.
+#[derive(Clone, Debug)]
+pub struct Topology {
+    pub exchange: String,
+    pub queue: String,
+    pub retry_exchange: String,
+    pub dlx: String,
+    pub dead: String,
+    pub retry_delays: Vec<Duration>,
+}
+
+impl Topology {
+    pub fn new(namespace: &str, retry_delays: Vec<Duration>) -> Topology {
+        Topology {
+            exchange: namespace.to_string(),
+            queue: format!("{namespace}.email"),
+            retry_exchange: format!("{namespace}.retry"),
+            dlx: format!("{namespace}.dlx"),
+            dead: format!("{namespace}.dead"),
+            retry_delays,
+        }
+    }
+
+    /// The label of a tier, as used in its queue name and its binding: `5s`, `2m`, `1500ms`.
+    pub fn delay_label(delay: Duration) -> String {
+        humantime::format_duration(delay)
+            .to_string()
+            .replace(' ', "")
+    }
+
+    pub fn retry_queue(&self, delay: Duration) -> String {
+        format!("{}.{}", self.retry_exchange, Self::delay_label(delay))
+    }
+
+    /// The shortest tier at least as long as `wanted`, else the longest tier.
+    pub fn tier_for(&self, wanted: Duration) -> Duration {
+        self.retry_delays
+            .iter()
+            .copied()
+            .find(|d| *d >= wanted)
+            .or_else(|| self.retry_delays.last().copied())
+            .unwrap_or(Duration::from_secs(5))
+    }
+}
+
+/// Connects to the first reachable node of `urls`, naming the connection after `name` so
+/// operators see which process it is in the management UI and `rabbitmqctl`.
+pub async fn connect(urls: &UrlList, name: &str) -> anyhow::Result<Connection> {
+    let mut last = None;
+    for url in &urls.0 {
+        let props = ConnectionProperties::default().with_connection_name(name.into());
+        match Connection::connect(url.expose(), props).await {
+            Ok(conn) => return Ok(conn),
+            Err(e) => {
+                tracing::warn!(node = %url, error = %e, "cannot connect to RabbitMQ node");
+                last = Some(anyhow::anyhow!("connecting to RabbitMQ at {url}: {e}"));
+            }
+        }
+    }
+    Err(last.unwrap_or_else(|| anyhow::anyhow!("no AMQP_URL given")))
+}
+
+fn table(entries: &[(&str, AMQPValue)]) -> FieldTable {
+    let mut t = FieldTable::default();
+    for (k, v) in entries {
+        t.insert(ShortString::from(*k), v.clone());
+    }
+    t
+}
+
+fn text(s: &str) -> AMQPValue {
+    AMQPValue::LongString(LongString::from(s))
+}
+
+/// Declares every exchange, queue and binding. Safe to call from many processes at once.
+pub async fn declare_topology(ch: &Channel, t: &Topology) -> anyhow::Result<()> {
+    let durable = ExchangeDeclareOptions {
+        durable: true,
+        ..Default::default()
+    };
+    let queue_opts = QueueDeclareOptions {
+        durable: true,
+        ..Default::default()
+    };
+    for (name, kind) in [
+        (&t.exchange, ExchangeKind::Topic),
+        (&t.retry_exchange, ExchangeKind::Headers),
+        (&t.dlx, ExchangeKind::Fanout),
+    ] {
+        ch.exchange_declare(name.as_str().into(), kind, durable, FieldTable::default())
+            .await
+            .map_err(|e| anyhow::anyhow!("declaring exchange {name}: {e}"))?;
+    }
+    // At-least-once dead-lettering (RabbitMQ 3.10+) needs reject-publish overflow.
+    let main_args = table(&[
+        ("x-queue-type", text("quorum")),
+        ("x-delivery-limit", AMQPValue::LongLongInt(DELIVERY_LIMIT)),
+        ("x-dead-letter-exchange", text(&t.dlx)),
+        ("x-dead-letter-strategy", text("at-least-once")),
+        ("x-overflow", text("reject-publish")),
+    ]);
+    declare_queue(ch, &t.queue, queue_opts, main_args).await?;
+    bind(ch, &t.queue, &t.exchange, "#", FieldTable::default()).await?;
+    declare_queue(ch, &t.dead, queue_opts, FieldTable::default()).await?;
+    bind(ch, &t.dead, &t.dlx, "", FieldTable::default()).await?;
+    for delay in &t.retry_delays {
+        let label = Topology::delay_label(*delay);
+        let queue = t.retry_queue(*delay);
+        let args = table(&[
+            ("x-queue-type", text("quorum")),
+            (
+                "x-message-ttl",
+                AMQPValue::LongLongInt(delay.as_millis() as i64),
+            ),
+            ("x-dead-letter-exchange", text(&t.exchange)),
+            ("x-dead-letter-strategy", text("at-least-once")),
+            ("x-overflow", text("reject-publish")),
+        ]);
+        declare_queue(ch, &queue, queue_opts, args).await?;
+        let matcher = table(&[("x-match", text("all")), (DELAY_HEADER, text(&label))]);
+        bind(ch, &queue, &t.retry_exchange, "", matcher).await?;
+    }
+    Ok(())
+}
+
+async fn declare_queue(
+    ch: &Channel,
+    name: &str,
+    opts: QueueDeclareOptions,
+    args: FieldTable,
+) -> anyhow::Result<()> {
+    ch.queue_declare(name.into(), opts, args)
+        .await
+        .map(|_| ())
+        .map_err(|e| anyhow::anyhow!("declaring queue {name}: {e}"))
+}
+
+async fn bind(
+    ch: &Channel,
+    queue: &str,
+    exchange: &str,
+    key: &str,
+    args: FieldTable,
+) -> anyhow::Result<()> {
+    ch.queue_bind(
+        queue.into(),
+        exchange.into(),
+        key.into(),
+        QueueBindOptions::default(),
+        args,
+    )
+    .await
+    .map_err(|e| anyhow::anyhow!("binding {queue} to {exchange}: {e}"))
+}
+
+/// Opens a channel in confirm mode, for publishers.
+pub async fn confirm_channel(conn: &Connection) -> anyhow::Result<Channel> {
+    let ch = conn.create_channel().await?;
+    ch.confirm_select(ConfirmSelectOptions::default()).await?;
+    Ok(ch)
+}
+
+/// Why a confirmed publish failed. Every variant means "the broker may not have it".
+#[derive(Debug, thiserror::Error)]
+pub enum PublishError {
+    #[error("no queue is bound for routing key {routing_key:?} on exchange {exchange:?}")]
+    Unroutable {
+        exchange: String,
+        routing_key: String,
+    },
+    #[error("the broker refused the message (nack)")]
+    Nacked,
+    #[error("no confirm within {0:?}")]
+    Timeout(Duration),
+    #[error("the channel is not in confirm mode")]
+    NotConfirmed,
+    #[error(transparent)]
+    Amqp(#[from] lapin::Error),
+}
+
+/// Publishes one persistent, mandatory message and waits for its confirm. Succeeds only on a
+/// clean ack: unroutable (returned), nacked and timed-out publishes are errors.
+pub async fn publish_confirmed(
+    ch: &Channel,
+    exchange: &str,
+    routing_key: &str,
+    body: &[u8],
+    properties: BasicProperties,
+) -> Result<(), PublishError> {
+    let options = BasicPublishOptions {
+        mandatory: true,
+        ..Default::default()
+    };
+    let confirm = async {
+        let pending = ch
+            .basic_publish(
+                exchange.into(),
+                routing_key.into(),
+                options,
+                body,
+                properties.with_delivery_mode(2),
+            )
+            .await?;
+        pending.await
+    };
+    match tokio::time::timeout(CONFIRM_TIMEOUT, confirm).await {
+        Err(_) => Err(PublishError::Timeout(CONFIRM_TIMEOUT)),
+        Ok(Err(e)) => Err(PublishError::Amqp(e)),
+        Ok(Ok(Confirmation::Ack(None))) => Ok(()),
+        Ok(Ok(Confirmation::Ack(Some(_)))) => Err(PublishError::Unroutable {
+            exchange: exchange.to_string(),
+            routing_key: routing_key.to_string(),
+        }),
+        Ok(Ok(Confirmation::Nack(_))) => Err(PublishError::Nacked),
+        Ok(Ok(Confirmation::NotRequested)) => Err(PublishError::NotConfirmed),
+    }
+}
+
+/// The AMQP properties of a job message, as DESIGN.md fixes them.
+pub fn job_properties(job_id: &str, kind: &str, attempt: i64) -> BasicProperties {
+    BasicProperties::default()
+        .with_message_id(job_id.into())
+        .with_content_type("application/json".into())
+        .with_delivery_mode(2)
+        .with_headers(table(&[
+            (KIND_HEADER, text(kind)),
+            (ATTEMPT_HEADER, AMQPValue::LongLongInt(attempt)),
+        ]))
+}
+
+/// Reads an integer header, whatever integer type the publisher used.
+pub fn int_header(props: &BasicProperties, name: &str) -> Option<i64> {
+    let value = props.headers().as_ref()?.inner().get(name)?;
+    match value {
+        AMQPValue::LongLongInt(v) => Some(*v),
+        AMQPValue::LongInt(v) => Some(i64::from(*v)),
+        AMQPValue::LongUInt(v) => Some(i64::from(*v)),
+        AMQPValue::ShortInt(v) => Some(i64::from(*v)),
+        AMQPValue::ShortUInt(v) => Some(i64::from(*v)),
+        AMQPValue::ShortShortInt(v) => Some(i64::from(*v)),
+        AMQPValue::ShortShortUInt(v) => Some(i64::from(*v)),
+        _ => None,
+    }
+}
+
+/// Copies `props` with `headers` set (replacing same-named ones), for retry and dead-letter
+/// republishes that must keep the original message id and content type.
+pub fn with_headers(props: &BasicProperties, headers: &[(&str, AMQPValue)]) -> BasicProperties {
+    let mut merged = props.headers().clone().unwrap_or_default();
+    for (k, v) in headers {
+        merged.insert(ShortString::from(*k), v.clone());
+    }
+    props.clone().with_headers(merged)
+}
+
+/// A string header value.
+pub fn text_value(s: &str) -> AMQPValue {
+    text(s)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn topo() -> Topology {
+        let d = |s| Duration::from_secs(s);
+        Topology::new("mailroom", vec![d(5), d(30), d(120)])
+    }
+
+    #[test]
+    fn names_follow_the_namespace() {
+        let t = topo();
+        assert_eq!(t.queue, "mailroom.email");
+        assert_eq!(t.dead, "mailroom.dead");
+        assert_eq!(t.retry_queue(Duration::from_secs(120)), "mailroom.retry.2m");
+        assert_eq!(
+            t.retry_queue(Duration::from_millis(1500)),
+            "mailroom.retry.1s500ms"
+        );
+    }
+
+    #[test]
+    fn tier_is_the_shortest_that_covers_the_wait() {
+        let t = topo();
+        assert_eq!(t.tier_for(Duration::ZERO), Duration::from_secs(5));
+        assert_eq!(t.tier_for(Duration::from_secs(6)), Duration::from_secs(30));
+        assert_eq!(t.tier_for(Duration::from_secs(30)), Duration::from_secs(30));
+        assert_eq!(
+            t.tier_for(Duration::from_secs(9999)),
+            Duration::from_secs(120)
+        );
+    }
+}

@@ -1,0 +1,252 @@
+//! The command line: one subcommand per process role. Every option is also an environment
+//! variable; `--help` lists both and never prints the values found in the environment.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::{Args, Parser, Subcommand};
+use lettre::message::Mailbox;
+
+use crate::broker::{self, Topology};
+use crate::config::{self, Delays, OnUncertain, SecretUrl, UrlList};
+use crate::db::Database;
+use crate::job::EmailJob;
+use crate::render::Templates;
+use crate::smtp::{Mailer, MailerSettings};
+use crate::telemetry::LogFormat;
+use crate::worker::{Worker, WorkerSettings};
+
+/// mailroom: transactional email from your database transaction to the inbox, once.
+#[derive(Debug, Parser)]
+#[command(name = "mailroom", version, about, long_about = None)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+    /// Log line format.
+    #[arg(
+        long,
+        global = true,
+        env = "MAILROOM_LOG_FORMAT",
+        default_value = "text",
+        value_enum
+    )]
+    pub log_format: LogFormat,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Apply the database migrations for the engine in DATABASE_URL.
+    Migrate(DatabaseArgs),
+    /// Consume jobs, send each email once, retry or dead-letter failures.
+    Worker(Box<WorkerArgs>),
+    /// Publish one job straight to the broker (with confirms), bypassing the outbox: for smoke
+    /// tests and for producers without a database.
+    Publish(PublishArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct DatabaseArgs {
+    /// Database URL: postgres://user:password@host:port/database (add ?sslmode=verify-full for TLS).
+    #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
+    pub database_url: SecretUrl,
+}
+
+#[derive(Debug, Args)]
+pub struct BrokerArgs {
+    /// RabbitMQ URL(s): amqp://user:password@host:5672/vhost or amqps://…; a comma-separated
+    /// list fails over between nodes.
+    #[arg(long, env = "AMQP_URL", hide_env_values = true)]
+    pub amqp_url: UrlList,
+    /// Prefix of every exchange and queue: <ns> (exchange), <ns>.email, <ns>.retry.*, <ns>.dead.
+    #[arg(long, env = "MAILROOM_NAMESPACE", default_value = "mailroom")]
+    pub namespace: String,
+    /// Retry tiers (queues whose TTL sends a job back), comma-separated, increasing.
+    #[arg(long, env = "MAILROOM_RETRY_DELAYS", default_value = "5s,30s,2m,10m,1h", value_parser = config::parse_delays)]
+    pub retry_delays: Delays,
+}
+
+impl BrokerArgs {
+    pub fn topology(&self) -> Topology {
+        Topology::new(&self.namespace, self.retry_delays.0.clone())
+    }
+}
+
+#[derive(Debug, Args)]
+pub struct WorkerArgs {
+    #[command(flatten)]
+    pub db: DatabaseArgs,
+    #[command(flatten)]
+    pub broker: BrokerArgs,
+    /// SMTP server: smtp://host:25 (plain, loopback only), smtp://user:pass@host:587?tls=required
+    /// (STARTTLS), smtps://user:pass@host:465 (implicit TLS), or file:///dir to write .eml files.
+    #[arg(long, env = "SMTP_URL", hide_env_values = true)]
+    pub smtp_url: SecretUrl,
+    /// Sender mailbox, e.g. "Shop <noreply@shop.example>".
+    #[arg(long, env = "MAILROOM_FROM")]
+    pub from: Mailbox,
+    /// Right-hand side of the Message-ID <job_id.kind@DOMAIN> (default: the domain of --from).
+    #[arg(long, env = "MAILROOM_MESSAGE_ID_DOMAIN")]
+    pub message_id_domain: Option<String>,
+    /// Template directory (templates/<kind>/subject.hbs, html.hbs, text.hbs, sample.json).
+    #[arg(long, env = "MAILROOM_TEMPLATES", default_value = "./templates")]
+    pub templates: PathBuf,
+    /// When an email may have been accepted but the result was not recorded: resend (a rare
+    /// duplicate, same Message-ID) or dead-letter (a rare loss; a human decides).
+    #[arg(
+        long,
+        env = "MAILROOM_ON_UNCERTAIN",
+        default_value = "resend",
+        value_enum
+    )]
+    pub on_uncertain: OnUncertain,
+    /// Claim lease: how long a claimed job is exclusive. Must exceed --smtp-timeout plus the
+    /// time to record the result.
+    #[arg(long, env = "MAILROOM_LEASE", default_value = "2m", value_parser = config::parse_duration)]
+    pub lease: Duration,
+    /// Deadline of one whole SMTP send (connect to final reply); far below RabbitMQ's 30-minute
+    /// consumer_timeout.
+    #[arg(long, env = "MAILROOM_SMTP_TIMEOUT", default_value = "60s", value_parser = config::parse_duration)]
+    pub smtp_timeout: Duration,
+    /// Attempts (claims) before a transiently failing job is dead-lettered.
+    #[arg(long, env = "MAILROOM_MAX_ATTEMPTS", default_value_t = 8)]
+    pub max_attempts: i32,
+    /// Deliveries processed at once.
+    #[arg(long, env = "MAILROOM_CONCURRENCY", default_value_t = 32)]
+    pub concurrency: usize,
+    /// Deliveries RabbitMQ sends ahead (basic.qos); at least --concurrency.
+    #[arg(long, env = "MAILROOM_PREFETCH", default_value_t = 64)]
+    pub prefetch: u16,
+    /// Concurrent SMTP sessions at most (lettre's pool does not bound them by itself).
+    #[arg(long, env = "MAILROOM_SMTP_CONNECTIONS", default_value_t = 16)]
+    pub smtp_connections: u32,
+    /// On SIGTERM/SIGINT, how long deliveries in flight may take to finish.
+    #[arg(long, env = "MAILROOM_SHUTDOWN_GRACE", default_value = "30s", value_parser = config::parse_duration)]
+    pub shutdown_grace: Duration,
+}
+
+impl WorkerArgs {
+    /// Resolves and validates the options, loads the templates, and builds the worker.
+    pub fn build(&self) -> anyhow::Result<Worker> {
+        if self.lease <= self.smtp_timeout {
+            anyhow::bail!(
+                "MAILROOM_LEASE ({:?}) must exceed MAILROOM_SMTP_TIMEOUT ({:?}), or a slow send could lose its claim to another worker",
+                self.lease,
+                self.smtp_timeout
+            );
+        }
+        let templates = std::path::absolute(&self.templates)
+            .with_context(|| format!("template directory {}", self.templates.display()))?;
+        let templates = Templates::load(&templates)
+            .with_context(|| format!("loading templates from {}", templates.display()))?;
+        let domain = match &self.message_id_domain {
+            Some(d) => d.clone(),
+            None => self.from.email.domain().to_string(),
+        };
+        let mailer = Mailer::new(&MailerSettings {
+            url: self.smtp_url.clone(),
+            from: self.from.clone(),
+            message_id_domain: domain,
+            timeout: self.smtp_timeout,
+            max_connections: self.smtp_connections.max(1),
+        })?;
+        let concurrency = self.concurrency.max(1);
+        let pool_size = u32::try_from(concurrency)
+            .unwrap_or(u32::MAX)
+            .saturating_add(2);
+        let db = Database::connect_lazy(&self.db.database_url, pool_size)?;
+        let settings = WorkerSettings {
+            amqp: self.broker.amqp_url.clone(),
+            topology: self.broker.topology(),
+            concurrency,
+            prefetch: self
+                .prefetch
+                .max(u16::try_from(concurrency).unwrap_or(u16::MAX)),
+            lease: self.lease,
+            on_uncertain: self.on_uncertain,
+            max_attempts: self.max_attempts.max(1),
+            shutdown_grace: self.shutdown_grace,
+            name: format!("mailroom worker (pid {})", std::process::id()),
+        };
+        Ok(Worker::new(settings, db, Arc::new(templates), mailer))
+    }
+}
+
+#[derive(Debug, Args)]
+pub struct PublishArgs {
+    #[command(flatten)]
+    pub broker: BrokerArgs,
+    /// Template kind, e.g. welcome.
+    #[arg(long)]
+    pub kind: String,
+    /// Recipient mailbox; repeat for several.
+    #[arg(long, required = true)]
+    pub to: Vec<String>,
+    /// Template data: a JSON object, or @path/to/file.json.
+    #[arg(long, default_value = "{}")]
+    pub data: String,
+    /// Idempotency key (default: a new UUID).
+    #[arg(long)]
+    pub job_id: Option<String>,
+    /// Template locale, e.g. fr.
+    #[arg(long)]
+    pub locale: Option<String>,
+}
+
+impl PublishArgs {
+    async fn run(&self) -> anyhow::Result<()> {
+        let data = match self.data.strip_prefix('@') {
+            Some(path) => {
+                std::fs::read_to_string(path).with_context(|| format!("reading {path}"))?
+            }
+            None => self.data.clone(),
+        };
+        let job = EmailJob {
+            job_id: self
+                .job_id
+                .clone()
+                .unwrap_or_else(|| uuid::Uuid::new_v4().to_string()),
+            kind: self.kind.clone(),
+            to: self.to.clone(),
+            cc: vec![],
+            bcc: vec![],
+            reply_to: None,
+            locale: self.locale.clone(),
+            data: serde_json::from_str(&data).context("--data is not JSON")?,
+            headers: Default::default(),
+            created_at: Some(chrono::Utc::now()),
+        };
+        let job = job.validate()?.job;
+        let topology = self.broker.topology();
+        let conn = broker::connect(&self.broker.amqp_url, "mailroom publish").await?;
+        broker::declare_topology(&conn.create_channel().await?, &topology).await?;
+        let ch = broker::confirm_channel(&conn).await?;
+        let body = serde_json::to_vec(&job)?;
+        let props = broker::job_properties(&job.job_id, &job.kind, 1);
+        broker::publish_confirmed(&ch, &topology.exchange, &job.kind, &body, props).await?;
+        let _ = conn.close(200, "published".into()).await;
+        println!("{}", job.job_id);
+        Ok(())
+    }
+}
+
+impl Cli {
+    /// Runs the chosen command until it is done or a signal stops it.
+    pub async fn run(self) -> anyhow::Result<()> {
+        match self.command {
+            Command::Migrate(args) => {
+                let db = Database::connect_lazy(&args.database_url, 1)?;
+                db.migrate().await?;
+                db.close().await;
+                tracing::info!("migrations applied");
+                Ok(())
+            }
+            Command::Worker(args) => {
+                let shutdown = crate::shutdown::on_signals()?;
+                args.build()?.run(shutdown).await
+            }
+            Command::Publish(args) => args.run().await,
+        }
+    }
+}

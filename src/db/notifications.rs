@@ -1,0 +1,253 @@
+//! The claim ledger `sent_notifications`: one row per `(job_id, kind)`, a small state machine
+//! that lets any number of workers and redeliveries send each email at most once.
+//!
+//! ```text
+//!            claim (insert)            SMTP 2xx + record
+//!   (none) ───────────────▶ sending ─────────────────────▶ sent
+//!                            │  ▲ take over: failed, or sending with an expired lease,
+//!                            │  │ or uncertain when MAILROOM_ON_UNCERTAIN=resend
+//!             4xx / refused  ▼  │
+//!                  failed / uncertain ──5xx, bad template, attempts exhausted──▶ dead
+//! ```
+//! The claim is one atomic statement; everything after it is guarded by the claim token, so a
+//! worker whose lease was taken over cannot overwrite the new owner's result.
+
+use std::time::Duration;
+
+use uuid::Uuid;
+
+use super::{Database, postgres};
+
+/// A row's status.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Status {
+    Sending,
+    Sent,
+    Failed,
+    Uncertain,
+    Dead,
+}
+
+impl Status {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Status::Sending => "sending",
+            Status::Sent => "sent",
+            Status::Failed => "failed",
+            Status::Uncertain => "uncertain",
+            Status::Dead => "dead",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Status> {
+        Some(match s {
+            "sending" => Status::Sending,
+            "sent" => Status::Sent,
+            "failed" => Status::Failed,
+            "uncertain" => Status::Uncertain,
+            "dead" => Status::Dead,
+            _ => return None,
+        })
+    }
+}
+
+impl std::fmt::Display for Status {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// What a worker asks for when it claims a job.
+#[derive(Clone, Debug)]
+pub struct ClaimRequest<'a> {
+    pub job_id: &'a str,
+    pub kind: &'a str,
+    pub message_id: &'a str,
+    /// How long the claim is exclusive; longer than the SMTP timeout plus the time to record.
+    pub lease: Duration,
+    /// Whether an `uncertain` row, or a `sending` row whose lease expired, may be taken over
+    /// (`MAILROOM_ON_UNCERTAIN=resend`).
+    pub resend_uncertain: bool,
+}
+
+/// The answer to a claim.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Claim {
+    /// This worker owns the row until the lease ends; `attempt` counts claims, this one included.
+    Claimed { attempt: i32, token: Uuid },
+    /// Someone else's row, as it was read right after the refusal (`None`: it vanished).
+    Refused(Option<ExistingClaim>),
+}
+
+/// The state of a row that refused a claim.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ExistingClaim {
+    pub status: Status,
+    pub attempts: i32,
+    /// Time left on the lease; `None` when there is no lease or it has expired.
+    pub lease_remaining: Option<Duration>,
+}
+
+/// What a refused claim means for the delivery at hand.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Refusal {
+    /// Sent before: acknowledge the duplicate and send nothing.
+    AlreadySent,
+    /// Dead-lettered before: acknowledge; only an explicit replay sends it again.
+    AlreadyDead,
+    /// Another worker holds a live lease (or the row changed under us): try again after
+    /// `after`. Never acknowledge it away: the holder may die, and this copy may be the last.
+    Busy { after: Duration },
+    /// The previous send may have reached the server and the policy is `dead-letter`.
+    Uncertain,
+}
+
+/// Decides what a refused claim means. Pure, so the whole table is unit-tested.
+pub fn judge_refusal(existing: Option<&ExistingClaim>) -> Refusal {
+    let Some(existing) = existing else {
+        // Deleted between the two statements (retention): claim again shortly.
+        return Refusal::Busy {
+            after: Duration::ZERO,
+        };
+    };
+    match (existing.status, existing.lease_remaining) {
+        (Status::Sent, _) => Refusal::AlreadySent,
+        (Status::Dead, _) => Refusal::AlreadyDead,
+        (Status::Sending, Some(left)) => Refusal::Busy { after: left },
+        // Refused although expired or uncertain: the policy forbids resending.
+        (Status::Sending, None) | (Status::Uncertain, _) => Refusal::Uncertain,
+        // `failed` is always claimable; it was refused only because it changed meanwhile.
+        (Status::Failed, _) => Refusal::Busy {
+            after: Duration::ZERO,
+        },
+    }
+}
+
+/// One row, as `status` and the tests read it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Notification {
+    pub job_id: String,
+    pub kind: String,
+    pub status: Status,
+    pub attempts: i32,
+    pub message_id: String,
+    pub smtp_reply: Option<String>,
+    pub last_error: Option<String>,
+    pub created_at: chrono::DateTime<chrono::Utc>,
+    pub updated_at: chrono::DateTime<chrono::Utc>,
+    pub sent_at: Option<chrono::DateTime<chrono::Utc>>,
+}
+
+/// The result to record after an attempt.
+#[derive(Clone, Debug)]
+pub struct Record<'a> {
+    pub job_id: &'a str,
+    pub kind: &'a str,
+    /// The claim this worker holds; `None` records over an expired `sending` row instead.
+    pub token: Option<Uuid>,
+    pub status: Status,
+    pub smtp_reply: Option<&'a str>,
+    pub error: Option<&'a str>,
+}
+
+impl Database {
+    /// Claims `(job_id, kind)` in one atomic statement, or reports who holds it.
+    pub async fn claim(&self, req: &ClaimRequest<'_>) -> Result<Claim, sqlx::Error> {
+        match self {
+            Database::Postgres(pool) => postgres::claim(pool, req).await,
+        }
+    }
+
+    /// Records the result of an attempt. Returns false when the row was no longer ours
+    /// (lease taken over): the caller logs it, the new owner's result stands.
+    pub async fn record(&self, record: &Record<'_>) -> Result<bool, sqlx::Error> {
+        match self {
+            Database::Postgres(pool) => postgres::record(pool, record).await,
+        }
+    }
+
+    /// Reads one row.
+    pub async fn notification(
+        &self,
+        job_id: &str,
+        kind: &str,
+    ) -> Result<Option<Notification>, sqlx::Error> {
+        match self {
+            Database::Postgres(pool) => postgres::notification(pool, job_id, kind).await,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(status: Status, lease: Option<u64>) -> ExistingClaim {
+        ExistingClaim {
+            status,
+            attempts: 1,
+            lease_remaining: lease.map(Duration::from_secs),
+        }
+    }
+
+    #[test]
+    fn sent_row_is_a_duplicate_to_acknowledge() {
+        assert_eq!(
+            judge_refusal(Some(&row(Status::Sent, None))),
+            Refusal::AlreadySent
+        );
+    }
+
+    #[test]
+    fn dead_row_is_not_resent_without_replay() {
+        assert_eq!(
+            judge_refusal(Some(&row(Status::Dead, None))),
+            Refusal::AlreadyDead
+        );
+    }
+
+    #[test]
+    fn live_lease_means_retry_after_it_ends() {
+        assert_eq!(
+            judge_refusal(Some(&row(Status::Sending, Some(42)))),
+            Refusal::Busy {
+                after: Duration::from_secs(42)
+            }
+        );
+    }
+
+    #[test]
+    fn expired_or_uncertain_refused_means_the_policy_forbids_resending() {
+        assert_eq!(
+            judge_refusal(Some(&row(Status::Sending, None))),
+            Refusal::Uncertain
+        );
+        assert_eq!(
+            judge_refusal(Some(&row(Status::Uncertain, None))),
+            Refusal::Uncertain
+        );
+    }
+
+    #[test]
+    fn a_row_that_changed_or_vanished_is_claimed_again_soon() {
+        let soon = Refusal::Busy {
+            after: Duration::ZERO,
+        };
+        assert_eq!(judge_refusal(Some(&row(Status::Failed, None))), soon);
+        assert_eq!(judge_refusal(None), soon);
+    }
+
+    #[test]
+    fn status_round_trips_through_its_column_text() {
+        for s in [
+            Status::Sending,
+            Status::Sent,
+            Status::Failed,
+            Status::Uncertain,
+            Status::Dead,
+        ] {
+            assert_eq!(Status::parse(s.as_str()), Some(s));
+        }
+        assert_eq!(Status::parse("queued"), None);
+    }
+}

@@ -1,0 +1,68 @@
+//! Crash points for fault tests: `MAILROOM_FAILPOINTS="worker.after_claim=abort;relay.after_confirm=pause"`.
+//! `abort` kills the process on the spot (a real crash: no destructors, no acks, no commits);
+//! `pause` parks the task forever so a test can SIGKILL the process at exactly that point.
+//! Unset in production, a failpoint costs one lookup in an empty map.
+//!
+//! Points: `worker.after_claim`, `worker.after_smtp_ok`, `worker.after_record`.
+
+use std::collections::HashMap;
+use std::sync::OnceLock;
+
+/// The environment variable that arms failpoints.
+pub const ENV: &str = "MAILROOM_FAILPOINTS";
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Action {
+    Abort,
+    Pause,
+}
+
+fn armed() -> &'static HashMap<String, Action> {
+    static ARMED: OnceLock<HashMap<String, Action>> = OnceLock::new();
+    ARMED.get_or_init(|| parse(&std::env::var(ENV).unwrap_or_default()))
+}
+
+fn parse(spec: &str) -> HashMap<String, Action> {
+    spec.split(';')
+        .filter_map(|entry| {
+            let (name, action) = entry.trim().split_once('=')?;
+            let action = match action.trim() {
+                "abort" => Action::Abort,
+                "pause" => Action::Pause,
+                other => {
+                    eprintln!("mailroom: ignoring failpoint {name}={other}: use abort or pause");
+                    return None;
+                }
+            };
+            Some((name.trim().to_string(), action))
+        })
+        .collect()
+}
+
+/// Runs the action armed for `name`, if any.
+pub async fn hit(name: &str) {
+    match armed().get(name) {
+        None => {}
+        Some(Action::Abort) => {
+            tracing::error!(failpoint = name, "failpoint: aborting the process");
+            std::process::abort();
+        }
+        Some(Action::Pause) => {
+            tracing::warn!(failpoint = name, "failpoint: pausing this delivery forever");
+            std::future::pending::<()>().await;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_points_and_skips_unknown_actions() {
+        let armed = parse("worker.after_claim=abort; worker.after_record = pause;x=explode;junk");
+        assert_eq!(armed.get("worker.after_claim"), Some(&Action::Abort));
+        assert_eq!(armed.get("worker.after_record"), Some(&Action::Pause));
+        assert_eq!(armed.len(), 2);
+    }
+}

@@ -1,0 +1,135 @@
+use proptest::prelude::*;
+
+use super::*;
+
+fn job(json: serde_json::Value) -> Result<ValidJob, JobError> {
+    EmailJob::decode(json.to_string().as_bytes())
+}
+
+fn base() -> serde_json::Value {
+    serde_json::json!({
+        "job_id": "order-1042-confirmation", "kind": "order_confirmation",
+        "to": ["Ada <ada@example.com>"], "cc": [], "bcc": [], "reply_to": null,
+        "locale": "en", "data": { "order_id": 1042, "total": "19.90" },
+        "headers": {}, "created_at": "2026-11-30T12:00:00Z"
+    })
+}
+
+fn with(field: &str, value: serde_json::Value) -> serde_json::Value {
+    let mut j = base();
+    j[field] = value;
+    j
+}
+
+fn field_of(err: JobError) -> String {
+    match err {
+        JobError::Invalid { field, .. } => field,
+        other => panic!("expected an invalid field, got {other}"),
+    }
+}
+
+#[test]
+fn the_design_example_decodes() {
+    let v = job(base()).unwrap();
+    assert_eq!(v.to[0].email.to_string(), "ada@example.com");
+    assert_eq!(v.to[0].name.as_deref(), Some("Ada"));
+}
+
+#[test]
+fn not_json_and_wrong_shape_are_malformed() {
+    assert!(matches!(
+        EmailJob::decode(b"hello"),
+        Err(JobError::Malformed(_))
+    ));
+    assert!(matches!(
+        job(with("to", "ada@example.com".into())),
+        Err(JobError::Malformed(_))
+    ));
+    assert!(matches!(
+        job(with("too", serde_json::json!([]))),
+        Err(JobError::Malformed(_))
+    ));
+}
+
+#[test]
+fn oversized_body_is_refused_before_parsing() {
+    let body = vec![b' '; MAX_JOB_BYTES + 1];
+    assert!(matches!(
+        EmailJob::decode(&body),
+        Err(JobError::TooLarge { .. })
+    ));
+}
+
+#[test]
+fn bad_fields_are_named() {
+    assert_eq!(
+        field_of(job(with("job_id", "".into())).unwrap_err()),
+        "job_id"
+    );
+    assert_eq!(
+        field_of(job(with("kind", "../etc".into())).unwrap_err()),
+        "kind"
+    );
+    assert_eq!(
+        field_of(job(with("locale", "english please".into())).unwrap_err()),
+        "locale"
+    );
+    assert_eq!(
+        field_of(job(with("data", serde_json::json!([1]))).unwrap_err()),
+        "data"
+    );
+    assert_eq!(
+        field_of(job(with("to", serde_json::json!([]))).unwrap_err()),
+        "to"
+    );
+    let bad_cc = with(
+        "cc",
+        serde_json::json!(["fine@example.com", "not an address"]),
+    );
+    assert_eq!(field_of(job(bad_cc).unwrap_err()), "cc[1]");
+}
+
+#[test]
+fn crlf_in_a_display_name_is_header_injection() {
+    let j = with(
+        "to",
+        serde_json::json!(["Ada\r\nBcc: evil@example.com <ada@example.com>"]),
+    );
+    let err = job(j).unwrap_err();
+    assert!(err.to_string().contains("header injection"), "{err}");
+}
+
+#[test]
+fn extra_headers_are_limited_to_x_and_list() {
+    let ok = with(
+        "headers",
+        serde_json::json!({"X-Campaign": "spring", "List-Unsubscribe": "<https://x.example/u>"}),
+    );
+    assert!(job(ok).is_ok());
+    for bad in [
+        serde_json::json!({"Bcc": "evil@example.com"}),
+        serde_json::json!({"X-Mailroom-Kind": "spoof"}),
+        serde_json::json!({"X-Ok": "a\r\nBcc: evil@example.com"}),
+    ] {
+        assert!(job(with("headers", bad)).is_err());
+    }
+}
+
+#[test]
+fn mask_keeps_the_domain_only() {
+    assert_eq!(mask_email("ada@example.com"), "a***@example.com");
+    assert_eq!(mask_email("nonsense"), "***");
+}
+
+proptest! {
+    /// Whatever a producer puts in a name or header value, a CR or LF never survives validation.
+    #[test]
+    fn no_crlf_survives_validation(prefix in ".*", suffix in ".*", cr in any::<bool>()) {
+        let nl = if cr { "\r\n" } else { "\n" };
+        let evil = format!("{prefix}{nl}Bcc: evil@example.com{suffix}");
+        let name = with("to", serde_json::json!([format!("{evil} <ada@example.com>")]));
+        prop_assert!(job(name).is_err());
+        let header = with("headers", serde_json::json!({ "X-Note": evil }));
+        prop_assert!(job(header).is_err());
+    }
+}

@@ -1,0 +1,24 @@
+//! mailroom gets email out of a web application's database transaction and into the
+//! recipient's inbox once.
+//!
+//! The modules follow one message:
+//! - [`job`]: the job a producer writes, and its validation;
+//! - [`broker`]: RabbitMQ topology, connections and confirmed publishing;
+//! - [`worker`]: consume → claim → render → send → record → ack;
+//! - [`db`]: the claim ledger `sent_notifications` (and, later, the outbox);
+//! - [`render`]: Handlebars templates → subject, text and HTML;
+//! - [`smtp`]: MIME building, the deterministic Message-ID, sending and error classes;
+//! - [`config`], [`cli`], [`telemetry`], [`shutdown`]: the process around them;
+//! - [`failpoint`]: crash points for the fault tests.
+
+pub mod broker;
+pub mod cli;
+pub mod config;
+pub mod db;
+pub mod failpoint;
+pub mod job;
+pub mod render;
+pub mod shutdown;
+pub mod smtp;
+pub mod telemetry;
+pub mod worker;

@@ -1,0 +1,227 @@
+//! The worker: consumes `<ns>.email` with a bounded number of deliveries in flight, and for each
+//! one computes an [`Outcome`] (`process`) and acts on it (`settle`): ack, publish to a retry
+//! tier then ack, or dead-letter then ack. The connection is supervised here: a lost
+//! connection, a closed channel or a consumer cancelled by the broker all lead to a reconnect
+//! with capped exponential backoff, never to an idle process.
+//!
+//! Shutdown (SIGTERM/SIGINT): stop taking deliveries, let those in flight finish within the
+//! grace period and settle on the still-open channel, then close channel and connection.
+
+mod process;
+mod settle;
+pub mod stats;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use backon::{BackoffBuilder, ExponentialBuilder};
+use futures_util::StreamExt;
+use lapin::{
+    Channel, Connection,
+    options::{BasicCancelOptions, BasicConsumeOptions, BasicQosOptions},
+    types::FieldTable,
+};
+use tokio::sync::Semaphore;
+use tokio_util::{sync::CancellationToken, task::TaskTracker};
+use tracing::Instrument;
+
+use crate::broker::{self, Topology};
+use crate::config::{OnUncertain, UrlList};
+use crate::db::Database;
+use crate::render::Templates;
+use crate::smtp::Mailer;
+
+pub use process::{ErrorClass, Outcome};
+pub use stats::{Snapshot, Stats};
+
+/// First wait before reconnecting to the broker; doubled up to [`RECONNECT_MAX`].
+const RECONNECT_MIN: Duration = Duration::from_millis(200);
+/// Longest wait between reconnect attempts: short enough to resume soon after a broker restart.
+const RECONNECT_MAX: Duration = Duration::from_secs(10);
+
+/// Everything the worker needs to know, resolved from the CLI/environment.
+#[derive(Clone, Debug)]
+pub struct WorkerSettings {
+    pub amqp: UrlList,
+    pub topology: Topology,
+    /// Deliveries processed at once.
+    pub concurrency: usize,
+    /// Deliveries the broker sends ahead (basic.qos); at least `concurrency`.
+    pub prefetch: u16,
+    pub lease: Duration,
+    pub on_uncertain: OnUncertain,
+    pub max_attempts: i32,
+    pub shutdown_grace: Duration,
+    /// Connection name shown by `rabbitmqctl list_connections`.
+    pub name: String,
+}
+
+/// A worker: settings plus the database, templates and mailer it sends with.
+pub struct Worker {
+    settings: WorkerSettings,
+    db: Database,
+    templates: Arc<Templates>,
+    mailer: Mailer,
+    stats: Arc<Stats>,
+}
+
+impl Worker {
+    pub fn new(
+        settings: WorkerSettings,
+        db: Database,
+        templates: Arc<Templates>,
+        mailer: Mailer,
+    ) -> Worker {
+        Worker {
+            settings,
+            db,
+            templates,
+            mailer,
+            stats: Arc::new(Stats::default()),
+        }
+    }
+
+    /// The worker's counters, live.
+    pub fn stats(&self) -> Arc<Stats> {
+        self.stats.clone()
+    }
+
+    /// Consumes until `shutdown` is cancelled, reconnecting as needed.
+    pub async fn run(self, shutdown: CancellationToken) -> anyhow::Result<()> {
+        let worker = Arc::new(self);
+        let slots = Arc::new(Semaphore::new(worker.settings.concurrency.max(1)));
+        let tracker = TaskTracker::new();
+        let mut backoff = reconnect_backoff();
+        while !shutdown.is_cancelled() {
+            match worker
+                .session(&slots, &tracker, &shutdown, &mut backoff)
+                .await
+            {
+                Ok(()) => break,
+                Err(e) => {
+                    let wait = backoff.next().unwrap_or(RECONNECT_MAX);
+                    tracing::error!(error = format!("{e:#}"), retry_in = ?wait, "broker session ended; reconnecting");
+                    tokio::select! {
+                        _ = tokio::time::sleep(wait) => {}
+                        _ = shutdown.cancelled() => break,
+                    }
+                }
+            }
+        }
+        tracker.close();
+        if tokio::time::timeout(worker.settings.shutdown_grace, tracker.wait())
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                in_flight = tracker.len(),
+                "shutdown grace period over; unsettled deliveries will be redelivered"
+            );
+        }
+        worker.db.close().await;
+        tracing::info!("worker stopped");
+        Ok(())
+    }
+
+    /// One connection's life: declare, consume, dispatch. `Ok` only after a graceful shutdown.
+    async fn session(
+        self: &Arc<Self>,
+        slots: &Arc<Semaphore>,
+        tracker: &TaskTracker,
+        shutdown: &CancellationToken,
+        backoff: &mut backon::ExponentialBackoff,
+    ) -> anyhow::Result<()> {
+        let s = &self.settings;
+        let conn = broker::connect(&s.amqp, &s.name).await?;
+        let setup = conn.create_channel().await?;
+        broker::declare_topology(&setup, &s.topology).await?;
+        let _ = setup.close(200, "declared".into()).await;
+        let publisher = broker::confirm_channel(&conn).await?;
+        let channel = conn.create_channel().await?;
+        channel
+            .basic_qos(s.prefetch.max(1), BasicQosOptions::default())
+            .await
+            .context("setting prefetch")?;
+        let mut consumer = channel
+            .basic_consume(
+                s.topology.queue.as_str().into(),
+                "".into(),
+                BasicConsumeOptions::default(),
+                FieldTable::default(),
+            )
+            .await
+            .with_context(|| format!("consuming {}", s.topology.queue))?;
+        *backoff = reconnect_backoff();
+        tracing::info!(queue = %s.topology.queue, concurrency = s.concurrency, prefetch = s.prefetch, "consuming");
+        loop {
+            let permit = tokio::select! {
+                biased;
+                _ = shutdown.cancelled() => break,
+                permit = slots.clone().acquire_owned() => permit?,
+            };
+            let next = tokio::select! {
+                biased;
+                _ = shutdown.cancelled() => break,
+                next = consumer.next() => next,
+            };
+            let delivery = match next {
+                None => anyhow::bail!("the broker cancelled the consumer of {}", s.topology.queue),
+                Some(Err(e)) => return Err(e).context("consumer stream failed"),
+                Some(Ok(delivery)) => delivery,
+            };
+            let worker = self.clone();
+            let publisher = publisher.clone();
+            let span = process::delivery_span(&delivery);
+            tracker.spawn(
+                async move {
+                    worker.handle(&publisher, delivery).await;
+                    drop(permit);
+                }
+                .instrument(span),
+            );
+        }
+        let _ = channel
+            .basic_cancel(consumer.tag(), BasicCancelOptions::default())
+            .await;
+        tracing::info!(
+            in_flight = tracker.len(),
+            "stopped consuming; finishing deliveries in flight"
+        );
+        tracker.close();
+        if tokio::time::timeout(s.shutdown_grace, tracker.wait())
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                in_flight = tracker.len(),
+                "shutdown grace period over; unsettled deliveries will be redelivered"
+            );
+        }
+        close(&conn, &[&channel, &publisher]).await;
+        Ok(())
+    }
+
+    async fn handle(&self, publisher: &Channel, delivery: lapin::message::Delivery) {
+        Stats::bump(&self.stats.received);
+        let outcome = self.process(&delivery).await;
+        self.settle(publisher, &delivery, outcome).await;
+        self.stats.settled();
+    }
+}
+
+fn reconnect_backoff() -> backon::ExponentialBackoff {
+    ExponentialBuilder::default()
+        .with_min_delay(RECONNECT_MIN)
+        .with_max_delay(RECONNECT_MAX)
+        .with_jitter()
+        .without_max_times()
+        .build()
+}
+
+async fn close(conn: &Connection, channels: &[&Channel]) {
+    for ch in channels {
+        let _ = ch.close(200, "worker shutting down".into()).await;
+    }
+    let _ = conn.close(200, "worker shutting down".into()).await;
+}

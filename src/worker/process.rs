@@ -1,0 +1,330 @@
+//! One delivery → one [`Outcome`]: decode and validate, claim `(job_id, kind)`, render, send,
+//! record. No database transaction is held across the SMTP call: the claim and each record are
+//! single statements, and the lease keeps other workers away in between.
+
+use std::time::Duration;
+
+use backon::{BackoffBuilder, ExponentialBuilder, Retryable};
+use lapin::message::Delivery;
+use uuid::Uuid;
+
+use super::Worker;
+use crate::broker;
+use crate::config::OnUncertain;
+use crate::db::notifications::{Claim, ClaimRequest, Record, Refusal, Status, judge_refusal};
+use crate::failpoint;
+use crate::job::{EmailJob, ValidJob, mask_email};
+use crate::smtp::SendError;
+
+/// Extra wait past a live lease before trying again, so the retry lands after it expired.
+const LEASE_MARGIN: Duration = Duration::from_secs(1);
+/// Growth of the retry delay per attempt (before rounding up to a tier).
+const RETRY_FACTOR: f32 = 3.0;
+
+/// What to do with a delivery. Computed once; `settle` is the only place that acts on it.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Outcome {
+    /// Done: the email was sent now, or earlier (a duplicate delivery).
+    Ack { duplicate: bool },
+    /// Try again later through the retry tier covering `delay`.
+    Retry { delay: Duration, reason: String },
+    /// Give up: to the dead-letter queue with a reason an operator can act on.
+    DeadLetter {
+        class: ErrorClass,
+        reason: String,
+        attempts: i64,
+    },
+}
+
+/// Why a job was dead-lettered (the `x-mailroom-error-class` header).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ErrorClass {
+    /// The message is not a valid job: not JSON, wrong shape, bad address, unknown kind.
+    Invalid,
+    /// The template could not render this job's data (missing variable, unsafe subject).
+    Template,
+    /// The SMTP server refused it for good (5xx).
+    Rejected,
+    /// Transient failures until `MAILROOM_MAX_ATTEMPTS` ran out.
+    Exhausted,
+    /// It may have been sent, and the policy is to let a human decide.
+    Uncertain,
+}
+
+impl ErrorClass {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ErrorClass::Invalid => "invalid",
+            ErrorClass::Template => "template",
+            ErrorClass::Rejected => "rejected",
+            ErrorClass::Exhausted => "exhausted",
+            ErrorClass::Uncertain => "uncertain",
+        }
+    }
+}
+
+/// The span of one delivery. Fields the body provides are filled in once it is decoded.
+pub(super) fn delivery_span(d: &Delivery) -> tracing::Span {
+    let job_id = d.properties.message_id().as_ref().map(|s| s.to_string());
+    tracing::info_span!(
+        "delivery",
+        job_id = job_id.as_deref().unwrap_or("?"),
+        kind = tracing::field::Empty,
+        attempt = broker::int_header(&d.properties, broker::ATTEMPT_HEADER).unwrap_or(1),
+        to = tracing::field::Empty,
+        redelivered = d.redelivered,
+    )
+}
+
+impl Worker {
+    pub(super) async fn process(&self, delivery: &Delivery) -> Outcome {
+        let job = match EmailJob::decode(&delivery.data) {
+            Ok(job) => job,
+            Err(e) => return dead(ErrorClass::Invalid, e.to_string(), 0),
+        };
+        let span = tracing::Span::current();
+        span.record("job_id", job.job.job_id.as_str());
+        span.record("kind", job.job.kind.as_str());
+        if let Some(first) = job.to.first() {
+            span.record("to", mask_email(first.email.as_ref()).as_str());
+        }
+        if !self.templates.contains(&job.job.kind) {
+            let reason = format!("unknown kind {:?}: no such template", job.job.kind);
+            return dead(ErrorClass::Invalid, reason, 0);
+        }
+        let message_id = self.mailer.message_id(&job.job.job_id, &job.job.kind);
+        let request = ClaimRequest {
+            job_id: &job.job.job_id,
+            kind: &job.job.kind,
+            message_id: &message_id,
+            lease: self.settings.lease,
+            resend_uncertain: self.settings.on_uncertain == OnUncertain::Resend,
+        };
+        let claim = match self.db.claim(&request).await {
+            Ok(claim) => claim,
+            Err(e) => return self.retry(Duration::ZERO, format!("database unavailable: {e}")),
+        };
+        match claim {
+            Claim::Claimed { attempt, token } => {
+                tracing::Span::current().record("attempt", attempt);
+                self.send_claimed(&job, attempt, token).await
+            }
+            Claim::Refused(existing) => self.refused(&job, existing.as_ref()).await,
+        }
+    }
+
+    async fn refused(
+        &self,
+        job: &ValidJob,
+        existing: Option<&crate::db::ExistingClaim>,
+    ) -> Outcome {
+        let attempts = existing.map_or(0, |e| i64::from(e.attempts));
+        match judge_refusal(existing) {
+            Refusal::AlreadySent | Refusal::AlreadyDead => {
+                tracing::info!(status = ?existing.map(|e| e.status), "already handled; acknowledging the duplicate");
+                Outcome::Ack { duplicate: true }
+            }
+            Refusal::Busy { after } => self.retry(
+                after + LEASE_MARGIN,
+                "another worker holds the claim".into(),
+            ),
+            Refusal::Uncertain => {
+                let reason = "a previous attempt may have been delivered (lease expired or reply lost); MAILROOM_ON_UNCERTAIN=dead-letter".to_string();
+                // An expired `sending` row becomes `uncertain`, so `status` tells the truth.
+                let record = Record {
+                    job_id: &job.job.job_id,
+                    kind: &job.job.kind,
+                    token: None,
+                    status: Status::Uncertain,
+                    smtp_reply: None,
+                    error: Some(&reason),
+                };
+                self.record_once(&record).await;
+                dead(ErrorClass::Uncertain, reason, attempts)
+            }
+        }
+    }
+
+    async fn send_claimed(&self, job: &ValidJob, attempt: i32, token: Uuid) -> Outcome {
+        failpoint::hit("worker.after_claim").await;
+        let j = &job.job;
+        let rendered = match self.templates.render(&j.kind, j.locale.as_deref(), &j.data) {
+            Ok(r) => r,
+            Err(e) => {
+                return self
+                    .give_up(job, token, attempt, ErrorClass::Template, e.to_string())
+                    .await;
+            }
+        };
+        let message = match self.mailer.build(job, &rendered) {
+            Ok(m) => m,
+            Err(e) => {
+                return self
+                    .give_up(job, token, attempt, ErrorClass::Invalid, e.to_string())
+                    .await;
+            }
+        };
+        match self.mailer.send(&message).await {
+            Ok(reply) => {
+                failpoint::hit("worker.after_smtp_ok").await;
+                self.record_sent(job, token, &reply).await
+            }
+            Err(SendError::Permanent { reason }) => {
+                self.give_up(job, token, attempt, ErrorClass::Rejected, reason)
+                    .await
+            }
+            Err(SendError::Transient { reason }) => {
+                self.retry_or_give_up(job, token, attempt, Status::Failed, reason)
+                    .await
+            }
+            Err(SendError::Uncertain { reason }) => match self.settings.on_uncertain {
+                OnUncertain::Resend => {
+                    self.retry_or_give_up(job, token, attempt, Status::Uncertain, reason)
+                        .await
+                }
+                OnUncertain::DeadLetter => {
+                    self.give_up_as(
+                        job,
+                        token,
+                        attempt,
+                        Status::Uncertain,
+                        ErrorClass::Uncertain,
+                        reason,
+                    )
+                    .await
+                }
+            },
+        }
+    }
+
+    /// Records `sent`, retrying while the database is down: the delivery must not be acked
+    /// before the record is durable. If it never becomes durable within the lease, the job goes
+    /// to a retry tier; the next claim finds the lease expired and resends (documented window).
+    async fn record_sent(&self, job: &ValidJob, token: Uuid, reply: &str) -> Outcome {
+        let record = Record {
+            job_id: &job.job.job_id,
+            kind: &job.job.kind,
+            token: Some(token),
+            status: Status::Sent,
+            smtp_reply: Some(reply),
+            error: None,
+        };
+        let policy = ExponentialBuilder::default()
+            .with_min_delay(Duration::from_millis(100))
+            .with_max_delay(Duration::from_secs(5))
+            .with_total_delay(Some(self.settings.lease / 2))
+            .without_max_times();
+        let result = (|| self.db.record(&record))
+            .retry(policy)
+            .notify(|e, wait| tracing::warn!(error = %e, retry_in = ?wait, "cannot record sent; retrying"))
+            .await;
+        match result {
+            Ok(true) => {
+                failpoint::hit("worker.after_record").await;
+                tracing::info!(reply, "sent");
+                Outcome::Ack { duplicate: false }
+            }
+            Ok(false) => {
+                tracing::warn!("sent, but the claim had been taken over; the new holder decides");
+                Outcome::Ack { duplicate: false }
+            }
+            Err(e) => self.retry(
+                self.settings.lease,
+                format!("sent but could not record it: {e}"),
+            ),
+        }
+    }
+
+    async fn retry_or_give_up(
+        &self,
+        job: &ValidJob,
+        token: Uuid,
+        attempt: i32,
+        status: Status,
+        reason: String,
+    ) -> Outcome {
+        if attempt >= self.settings.max_attempts {
+            let reason = format!("{attempt} attempts, last: {reason}");
+            return self
+                .give_up(job, token, attempt, ErrorClass::Exhausted, reason)
+                .await;
+        }
+        self.record_once(&record(job, token, status, &reason)).await;
+        self.retry(self.backoff(attempt), reason)
+    }
+
+    async fn give_up(
+        &self,
+        job: &ValidJob,
+        token: Uuid,
+        attempt: i32,
+        class: ErrorClass,
+        reason: String,
+    ) -> Outcome {
+        self.give_up_as(job, token, attempt, Status::Dead, class, reason)
+            .await
+    }
+
+    async fn give_up_as(
+        &self,
+        job: &ValidJob,
+        token: Uuid,
+        attempt: i32,
+        status: Status,
+        class: ErrorClass,
+        reason: String,
+    ) -> Outcome {
+        self.record_once(&record(job, token, status, &reason)).await;
+        dead(class, reason, i64::from(attempt))
+    }
+
+    /// Records a failure once; if the database is down the row keeps its lease, which expires
+    /// and lets the next claim take over, so nothing is lost by not insisting.
+    async fn record_once(&self, record: &Record<'_>) {
+        if let Err(e) = self.db.record(record).await {
+            tracing::warn!(error = %e, status = %record.status, "cannot record the result");
+        }
+    }
+
+    /// The delay before attempt `attempt + 1`: exponential from the first retry tier.
+    fn backoff(&self, attempt: i32) -> Duration {
+        let tiers = &self.settings.topology.retry_delays;
+        let first = tiers.first().copied().unwrap_or(Duration::from_secs(5));
+        let last = tiers.last().copied().unwrap_or(first);
+        ExponentialBuilder::default()
+            .with_min_delay(first)
+            .with_max_delay(last)
+            .with_factor(RETRY_FACTOR)
+            .without_max_times()
+            .build()
+            .nth(usize::try_from(attempt.max(1) - 1).unwrap_or(0))
+            .unwrap_or(last)
+    }
+
+    fn retry(&self, wanted: Duration, reason: String) -> Outcome {
+        Outcome::Retry {
+            delay: self.settings.topology.tier_for(wanted),
+            reason,
+        }
+    }
+}
+
+fn record<'a>(job: &'a ValidJob, token: Uuid, status: Status, reason: &'a str) -> Record<'a> {
+    Record {
+        job_id: &job.job.job_id,
+        kind: &job.job.kind,
+        token: Some(token),
+        status,
+        smtp_reply: None,
+        error: Some(reason),
+    }
+}
+
+fn dead(class: ErrorClass, reason: String, attempts: i64) -> Outcome {
+    tracing::warn!(class = class.as_str(), reason, "dead-lettering");
+    Outcome::DeadLetter {
+        class,
+        reason,
+        attempts,
+    }
+}

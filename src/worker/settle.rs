@@ -1,0 +1,140 @@
+//! Acting on an [`Outcome`]: every delivery ends here in exactly one ack, one reject, or one
+//! confirmed republish followed by an ack. Rejects are per delivery (`basic.reject`), never a
+//! bulk nack that could drag innocent deliveries along.
+
+use lapin::{
+    Channel,
+    message::Delivery,
+    options::{BasicAckOptions, BasicRejectOptions},
+    types::AMQPValue,
+};
+
+use super::{Outcome, Stats, Worker};
+use crate::broker::{self, Topology};
+
+/// Longest error text copied into a header; the full text is in the log and the ledger.
+const MAX_REASON_HEADER: usize = 1000;
+
+impl Worker {
+    pub(super) async fn settle(&self, publisher: &Channel, delivery: &Delivery, outcome: Outcome) {
+        let stats = &self.stats;
+        match outcome {
+            Outcome::Ack { duplicate } => {
+                Stats::bump(if duplicate {
+                    &stats.duplicates
+                } else {
+                    &stats.sent
+                });
+                self.ack(delivery).await;
+            }
+            Outcome::Retry { delay, reason } => {
+                let attempt = broker::int_header(&delivery.properties, broker::ATTEMPT_HEADER)
+                    .unwrap_or(1)
+                    + 1;
+                let props = broker::with_headers(
+                    &delivery.properties,
+                    &[
+                        (
+                            broker::DELAY_HEADER,
+                            broker::text_value(&Topology::delay_label(delay)),
+                        ),
+                        (broker::ATTEMPT_HEADER, AMQPValue::LongLongInt(attempt)),
+                        ("x-mailroom-last-error", broker::text_value(&clip(&reason))),
+                    ],
+                );
+                let exchange = &self.settings.topology.retry_exchange;
+                match broker::publish_confirmed(
+                    publisher,
+                    exchange,
+                    delivery.routing_key.as_str(),
+                    &delivery.data,
+                    props,
+                )
+                .await
+                {
+                    Ok(()) => {
+                        tracing::info!(?delay, reason, "retry scheduled");
+                        Stats::bump(&stats.retried);
+                        self.ack(delivery).await;
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "cannot schedule the retry; returning the delivery to the queue");
+                        self.reject(delivery, true).await;
+                    }
+                }
+            }
+            Outcome::DeadLetter {
+                class,
+                reason,
+                attempts,
+            } => {
+                let now = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
+                let props = broker::with_headers(
+                    &delivery.properties,
+                    &[
+                        ("x-mailroom-error", broker::text_value(&clip(&reason))),
+                        ("x-mailroom-error-class", broker::text_value(class.as_str())),
+                        ("x-mailroom-attempts", AMQPValue::LongLongInt(attempts)),
+                        ("x-mailroom-failed-at", broker::text_value(&now)),
+                    ],
+                );
+                let dlx = &self.settings.topology.dlx;
+                match broker::publish_confirmed(
+                    publisher,
+                    dlx,
+                    delivery.routing_key.as_str(),
+                    &delivery.data,
+                    props,
+                )
+                .await
+                {
+                    Ok(()) => {
+                        Stats::bump(&stats.dead_lettered);
+                        self.ack(delivery).await;
+                    }
+                    Err(e) => {
+                        // The queue's own dead-letter exchange keeps the message (at-least-once),
+                        // without our reason headers; the reason is in this log line.
+                        tracing::error!(error = %e, class = class.as_str(), reason, "cannot publish to the dead-letter exchange; rejecting to the queue's DLX");
+                        Stats::bump(&stats.dead_lettered);
+                        self.reject(delivery, false).await;
+                    }
+                }
+            }
+        }
+    }
+
+    async fn ack(&self, delivery: &Delivery) {
+        match delivery.ack(BasicAckOptions::default()).await {
+            Ok(true) => {}
+            Ok(false) => self.unsettled("ack not sent: the channel is closed; the broker will redeliver and the claim deduplicates"),
+            Err(e) => self.unsettled(&format!("ack failed ({e}); the broker will redeliver and the claim deduplicates")),
+        }
+    }
+
+    async fn reject(&self, delivery: &Delivery, requeue: bool) {
+        match delivery.reject(BasicRejectOptions { requeue }).await {
+            Ok(true) => {}
+            Ok(false) => {
+                self.unsettled("reject not sent: the channel is closed; the broker will redeliver")
+            }
+            Err(e) => self.unsettled(&format!("reject failed ({e}); the broker will redeliver")),
+        }
+    }
+
+    fn unsettled(&self, what: &str) {
+        Stats::bump(&self.stats.unsettled);
+        tracing::warn!("{what}");
+    }
+}
+
+fn clip(s: &str) -> String {
+    if s.len() <= MAX_REASON_HEADER {
+        return s.to_string();
+    }
+    let mut end = MAX_REASON_HEADER;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &s[..end])
+}

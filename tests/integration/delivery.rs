@@ -1,0 +1,92 @@
+//! The happy path and deduplication, counted at the SMTP server.
+
+use crate::helpers::*;
+
+#[tokio::test]
+async fn one_job_sends_one_email_with_the_right_headers_and_parts() {
+    let app = TestApp::spawn().await;
+    let worker = app.start_worker(&[]);
+    app.publish(&app.job("order-1042-confirmation")).await;
+
+    let got = app.smtp.wait_for(1).await;
+    let mail = &got[0];
+    assert_eq!(mail.rcpt_tos, vec!["ada@example.com"]);
+    assert_eq!(mail.mail_from, "noreply@mailroom.test");
+    let expected_id = app.message_id("order-1042-confirmation", "welcome");
+    assert_eq!(mail.message_id.as_deref(), Some(expected_id.as_str()));
+    assert_eq!(
+        expected_id,
+        "<order-1042-confirmation.welcome@mailroom.test>"
+    );
+    let data = &mail.data;
+    assert!(
+        data.contains("Subject: Welcome to Acme Cloud, Ada!"),
+        "{data}"
+    );
+    assert!(
+        data.contains("To: \"Ada Lovelace\" <ada@example.com>"),
+        "{data}"
+    );
+    assert!(data.contains("multipart/alternative"), "{data}");
+    assert!(data.contains("Content-Type: text/plain"), "{data}");
+    assert!(data.contains("Content-Type: text/html"), "{data}");
+
+    let row = app
+        .wait_for_row("order-1042-confirmation", "welcome", "row sent", |n| {
+            n.status.as_str() == "sent"
+        })
+        .await;
+    assert_eq!(row.attempts, 1);
+    assert_eq!(row.message_id, expected_id);
+    assert!(row.smtp_reply.unwrap().starts_with("250"));
+    worker.stats.wait_until(|s| s.sent == 1).await;
+    worker.stop().await;
+    assert_eq!(app.smtp.received().len(), 1);
+}
+
+#[tokio::test]
+async fn the_same_job_published_three_times_sends_one_email() {
+    let app = TestApp::spawn().await;
+    let job = app.job("dup-sequential");
+    for _ in 0..3 {
+        app.publish(&job).await;
+    }
+    let worker = app.start_worker(&[]);
+    worker
+        .stats
+        .wait_until(|s| s.sent == 1 && s.duplicates == 2)
+        .await;
+    worker.stop().await;
+    assert_eq!(
+        app.smtp.count(&app.message_id("dup-sequential", "welcome")),
+        1
+    );
+    assert_eq!(app.smtp.received().len(), 1);
+}
+
+#[tokio::test]
+async fn three_copies_consumed_by_two_workers_at_once_send_one_email() {
+    // A slow SMTP server keeps the first claim's lease live while the other copies arrive.
+    let app = TestApp::spawn_with(&["--data-delay", "0.5"]).await;
+    let a = app.start_worker(&[]);
+    let b = app.start_worker(&[]);
+    let job = app.job("dup-concurrent");
+    for _ in 0..3 {
+        app.publish(&job).await;
+    }
+    eventually(
+        "one send and two duplicates across both workers",
+        || async {
+            let (sa, sb) = (a.stats.snapshot(), b.stats.snapshot());
+            (sa.sent + sb.sent == 1 && sa.duplicates + sb.duplicates == 2).then_some(())
+        },
+    )
+    .await;
+    a.stop().await;
+    b.stop().await;
+    assert_eq!(
+        app.smtp.count(&app.message_id("dup-concurrent", "welcome")),
+        1
+    );
+    assert_eq!(app.smtp.received().len(), 1);
+}

@@ -1,0 +1,139 @@
+//! Transient and permanent SMTP failures, and bad input: retried, dead-lettered with a reason,
+//! never lost, never a crash loop.
+
+use serde_json::json;
+
+use crate::helpers::*;
+
+#[tokio::test]
+async fn two_451_replies_then_acceptance_send_one_email_on_the_third_attempt() {
+    let app = TestApp::spawn_with(&["--fail", "DATA:451:2"]).await;
+    let worker = app.start_worker(&[]);
+    app.publish(&app.job("flaky-smtp")).await;
+
+    let row = app
+        .wait_for_row("flaky-smtp", "welcome", "row sent", |n| {
+            n.status.as_str() == "sent"
+        })
+        .await;
+    assert_eq!(row.attempts, 3);
+    worker.stats.wait_until(|s| s.sent == 1).await;
+    let snap = worker.stats.snapshot();
+    assert_eq!(snap.retried, 2);
+    worker.stop().await;
+    assert_eq!(app.smtp.count(&app.message_id("flaky-smtp", "welcome")), 1);
+}
+
+#[tokio::test]
+async fn a_550_reply_dead_letters_with_the_reason_and_sends_nothing() {
+    let app = TestApp::spawn_with(&["--fail", "RCPT:550"]).await;
+    let worker = app.start_worker(&[]);
+    app.publish(&app.job("rejected")).await;
+
+    let dead = app.dead_letters(1).await;
+    assert_eq!(
+        dead[0].header("x-mailroom-error-class").as_deref(),
+        Some("rejected")
+    );
+    let reason = dead[0].header("x-mailroom-error").unwrap();
+    assert!(reason.contains("550"), "{reason}");
+    assert!(dead[0].header("x-mailroom-failed-at").is_some());
+    assert_eq!(dead[0].header("x-mailroom-attempts").as_deref(), Some("1"));
+    let body: serde_json::Value = serde_json::from_slice(&dead[0].body).unwrap();
+    assert_eq!(body["job_id"], "rejected");
+
+    let row = app.notification("rejected", "welcome").await.unwrap();
+    assert_eq!(row.status.as_str(), "dead");
+    assert!(row.last_error.unwrap().contains("550"));
+    worker.stop().await;
+    assert!(app.smtp.received().is_empty());
+}
+
+#[tokio::test]
+async fn bad_input_is_dead_lettered_with_a_precise_reason_while_good_jobs_flow() {
+    let app = TestApp::spawn().await;
+    let worker = app.start_worker(&[]);
+    let good = app.job("good-before");
+    let mut cases: Vec<(&str, Vec<u8>, &str)> = vec![
+        ("not-json", b"this is not json".to_vec(), "not valid JSON"),
+        (
+            "wrong-shape",
+            json!({"job_id": "x", "kind": "welcome", "to": "ada@example.com"})
+                .to_string()
+                .into_bytes(),
+            "not valid JSON of the expected shape",
+        ),
+    ];
+    let mut with = |id: &'static str, f: &dyn Fn(&mut serde_json::Value), expect: &'static str| {
+        let mut j = app.job(id);
+        f(&mut j);
+        cases.push((id, j.to_string().into_bytes(), expect));
+    };
+    with(
+        "unknown-kind",
+        &|j| j["kind"] = "no_such_template".into(),
+        "unknown kind",
+    );
+    with(
+        "missing-variable",
+        &|j| j["data"] = json!({"product_name": "Acme"}),
+        "user",
+    );
+    with(
+        "invalid-address",
+        &|j| j["to"] = json!(["ada at example dot com"]),
+        "to[0]",
+    );
+    with(
+        "crlf-name",
+        &|j| j["to"] = json!(["Ada\r\nBcc: evil@example.com <ada@example.com>"]),
+        "header injection",
+    );
+    with(
+        "crlf-subject",
+        &|j| j["data"]["user"]["name"] = "Ada\r\nBcc: evil@example.com".into(),
+        "subject",
+    );
+    with(
+        "oversized",
+        &|j| j["data"]["padding"] = "x".repeat(70 * 1024).into(),
+        "bytes",
+    );
+
+    app.publish(&good).await;
+    for (id, body, _) in &cases {
+        app.publish_raw("welcome", id, body).await;
+    }
+    app.publish(&app.job("good-after")).await;
+
+    let dead = app.dead_letters(cases.len()).await;
+    for (id, _, expect) in &cases {
+        let letter = dead
+            .iter()
+            .find(|d| d.properties.message_id().as_ref().map(|m| m.as_str()) == Some(*id))
+            .unwrap_or_else(|| panic!("{id} was not dead-lettered"));
+        let reason = letter.header("x-mailroom-error").unwrap();
+        assert!(
+            reason.contains(expect),
+            "{id}: reason {reason:?} should mention {expect:?}"
+        );
+        let class = letter.header("x-mailroom-error-class").unwrap();
+        assert!(
+            class == "invalid" || class == "template",
+            "{id}: class {class}"
+        );
+    }
+    app.smtp.wait_for(2).await;
+    worker
+        .stats
+        .wait_until(|s| s.sent == 2 && s.dead_lettered == cases.len() as u64)
+        .await;
+    worker.stop().await;
+    let received = app.smtp.received();
+    assert_eq!(received.len(), 2, "only the two good jobs were sent");
+    assert!(
+        received
+            .iter()
+            .all(|r| !r.data.contains("evil@example.com"))
+    );
+}

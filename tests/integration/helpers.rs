@@ -1,0 +1,553 @@
+//! `TestApp`: one isolated world per test (database, broker namespace, SMTP recorder), and the
+//! handles to run workers in-process or as real processes that can be killed.
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::{Arc, Once};
+use std::time::Duration;
+
+use clap::Parser;
+use lapin::{BasicProperties, Channel, Connection, options::*, types::AMQPValue};
+use mailroom::broker::{self, Topology};
+use mailroom::cli::{Cli, Command};
+use mailroom::config::SecretUrl;
+use mailroom::db::{Database, Notification};
+use mailroom::worker::Stats;
+use serde_json::{Value, json};
+use sqlx::{Connection as _, Executor as _, PgConnection};
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command as Process};
+use tokio_util::sync::CancellationToken;
+
+/// How long any awaited condition may take before the test fails.
+pub const PATIENCE: Duration = Duration::from_secs(60);
+/// Retry tiers short enough for tests.
+pub const TEST_RETRY_DELAYS: &str = "200ms,500ms,1s";
+
+pub fn database_url() -> String {
+    std::env::var("MAILROOM_TEST_DATABASE_URL")
+        .unwrap_or_else(|_| "postgres://mailroom:mailroom@127.0.0.1:5432/mailroom".into())
+}
+
+pub fn amqp_url() -> String {
+    std::env::var("MAILROOM_TEST_AMQP_URL")
+        .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".into())
+}
+
+fn init_logs() {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| {
+        if std::env::var_os("TEST_LOG").is_some() {
+            mailroom::telemetry::init(mailroom::telemetry::LogFormat::Text);
+        }
+    });
+}
+
+/// Polls `check` until it returns `Some`, failing the test after [`PATIENCE`].
+pub async fn eventually<T, F, Fut>(what: &str, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    loop {
+        if let Some(v) = check().await {
+            return v;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
+/// One accepted email, as the SMTP server recorded it.
+#[derive(Debug, Clone, serde::Deserialize)]
+pub struct Received {
+    pub mail_from: String,
+    pub rcpt_tos: Vec<String>,
+    pub message_id: Option<String>,
+    pub data: String,
+}
+
+/// A real SMTP server (tests/support/smtp_recorder.py) that logs every accepted message.
+pub struct SmtpServer {
+    pub port: u16,
+    log: PathBuf,
+    _child: Child,
+}
+
+impl SmtpServer {
+    pub async fn start(dir: &Path, args: &[&str]) -> SmtpServer {
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/support/smtp_recorder.py");
+        let log = dir.join("received.jsonl");
+        let mut child = Process::new("/usr/bin/python3")
+            .arg(script)
+            .args(["--port", "0", "--log"])
+            .arg(&log)
+            .args(args)
+            .stdout(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("start the SMTP recorder (apt-get install python3-aiosmtpd)");
+        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        let first = tokio::time::timeout(PATIENCE, lines.next_line())
+            .await
+            .expect("SMTP recorder did not start")
+            .unwrap()
+            .expect("SMTP recorder exited");
+        let port = first
+            .strip_prefix("LISTENING ")
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        SmtpServer {
+            port,
+            log,
+            _child: child,
+        }
+    }
+
+    pub fn url(&self) -> String {
+        format!("smtp://127.0.0.1:{}", self.port)
+    }
+
+    /// Everything accepted so far.
+    pub fn received(&self) -> Vec<Received> {
+        match std::fs::read_to_string(&self.log) {
+            Ok(text) => text
+                .lines()
+                .map(|l| serde_json::from_str(l).unwrap())
+                .collect(),
+            Err(_) => vec![],
+        }
+    }
+
+    /// Waits until at least `n` emails were accepted, and returns them all.
+    pub async fn wait_for(&self, n: usize) -> Vec<Received> {
+        eventually(&format!("{n} emails at the SMTP server"), || async {
+            let got = self.received();
+            (got.len() >= n).then_some(got)
+        })
+        .await
+    }
+
+    /// How many accepted emails carry `message_id`.
+    pub fn count(&self, message_id: &str) -> usize {
+        self.received()
+            .iter()
+            .filter(|r| r.message_id.as_deref() == Some(message_id))
+            .count()
+    }
+}
+
+/// A message read back from the dead-letter queue.
+#[derive(Debug)]
+pub struct DeadLetter {
+    pub body: Vec<u8>,
+    pub properties: BasicProperties,
+}
+
+impl DeadLetter {
+    pub fn header(&self, name: &str) -> Option<String> {
+        match self.properties.headers().as_ref()?.inner().get(name)? {
+            AMQPValue::LongString(s) => Some(s.to_string()),
+            AMQPValue::ShortString(s) => Some(s.to_string()),
+            AMQPValue::LongLongInt(i) => Some(i.to_string()),
+            other => Some(format!("{other:?}")),
+        }
+    }
+}
+
+/// One test's world.
+pub struct TestApp {
+    pub db: Database,
+    pub db_url: String,
+    db_name: String,
+    pub namespace: String,
+    pub topology: Topology,
+    pub amqp_url: String,
+    pub smtp: SmtpServer,
+    pub dir: tempfile::TempDir,
+    conn: Connection,
+    publisher: Channel,
+}
+
+impl TestApp {
+    pub async fn spawn() -> TestApp {
+        TestApp::spawn_with(&[]).await
+    }
+
+    /// `smtp_args` go to the SMTP recorder, e.g. `["--fail", "DATA:451:2"]`.
+    pub async fn spawn_with(smtp_args: &[&str]) -> TestApp {
+        TestApp::spawn_on(amqp_url(), smtp_args).await
+    }
+
+    pub async fn spawn_on(amqp_url: String, smtp_args: &[&str]) -> TestApp {
+        init_logs();
+        let id = uuid::Uuid::new_v4().simple().to_string();
+        let db_name = format!("mailroom_test_{}", &id[..16]);
+        let mut admin = PgConnection::connect(&database_url())
+            .await
+            .expect("PostgreSQL is up (scripts/services)");
+        let create = format!(r#"CREATE DATABASE "{db_name}""#);
+        admin
+            .execute(sqlx::query(sqlx::AssertSqlSafe(create)))
+            .await
+            .unwrap();
+        let mut db_url = url::Url::parse(&database_url()).unwrap();
+        db_url.set_path(&db_name);
+        let db_url = db_url.to_string();
+        let db = Database::connect_lazy(&db_url.parse::<SecretUrl>().unwrap(), 8).unwrap();
+        db.migrate().await.unwrap();
+        let namespace = format!("mr-{}", &id[..12]);
+        let delays = mailroom::config::parse_delays(TEST_RETRY_DELAYS).unwrap();
+        let topology = Topology::new(&namespace, delays.0);
+        let conn = Connection::connect(&amqp_url, Default::default())
+            .await
+            .expect("RabbitMQ is up (scripts/services)");
+        broker::declare_topology(&conn.create_channel().await.unwrap(), &topology)
+            .await
+            .unwrap();
+        let publisher = broker::confirm_channel(&conn).await.unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let smtp = SmtpServer::start(dir.path(), smtp_args).await;
+        TestApp {
+            db,
+            db_url,
+            db_name,
+            namespace,
+            topology,
+            amqp_url,
+            smtp,
+            dir,
+            conn,
+            publisher,
+        }
+    }
+
+    /// The worker's command line (after `mailroom worker`): test-sized defaults, with the flags
+    /// named in `extra` replacing the defaults of the same name.
+    pub fn worker_args(&self, extra: &[&str]) -> Vec<String> {
+        let mut args = self.default_worker_args();
+        for pair in extra.chunks(2) {
+            if let Some(at) = args.iter().position(|a| a == pair[0]) {
+                args.drain(at..at + 2);
+            }
+            args.extend(pair.iter().map(|s| s.to_string()));
+        }
+        args
+    }
+
+    fn default_worker_args(&self) -> Vec<String> {
+        let templates = Path::new(env!("CARGO_MANIFEST_DIR")).join("templates");
+        [
+            "--database-url",
+            &self.db_url,
+            "--amqp-url",
+            &self.amqp_url,
+            "--namespace",
+            &self.namespace,
+            "--retry-delays",
+            TEST_RETRY_DELAYS,
+            "--smtp-url",
+            &self.smtp.url(),
+            "--from",
+            "Mailroom Tests <noreply@mailroom.test>",
+            "--templates",
+            templates.to_str().unwrap(),
+            "--lease",
+            "3s",
+            "--smtp-timeout",
+            "2s",
+            "--concurrency",
+            "8",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect()
+    }
+
+    /// Starts a worker in this process; `extra` args override the defaults.
+    pub fn start_worker(&self, extra: &[&str]) -> RunningWorker {
+        let mut argv = vec!["mailroom".to_string(), "worker".to_string()];
+        argv.extend(self.worker_args(extra));
+        let Command::Worker(args) = Cli::try_parse_from(argv).unwrap().command else {
+            unreachable!()
+        };
+        let worker = args.build().unwrap();
+        let stats = worker.stats();
+        let shutdown = CancellationToken::new();
+        let task = tokio::spawn(worker.run(shutdown.clone()));
+        RunningWorker {
+            stats,
+            shutdown,
+            task: Some(task),
+        }
+    }
+
+    /// Starts `mailroom worker` as a real process, with `env` added (e.g. failpoints).
+    pub fn spawn_worker_process(&self, extra: &[&str], env: &[(&str, &str)]) -> Child {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.path().join("worker.log"))
+            .unwrap();
+        let stderr = if std::env::var_os("TEST_LOG").is_some() {
+            Stdio::inherit()
+        } else {
+            Stdio::from(log)
+        };
+        Process::new(env!("CARGO_BIN_EXE_mailroom"))
+            .arg("worker")
+            .args(self.worker_args(extra))
+            .envs(env.iter().copied())
+            .env_remove("DATABASE_URL")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(stderr)
+            .kill_on_drop(true)
+            .spawn()
+            .expect("start mailroom worker")
+    }
+
+    /// A job for this test, as DESIGN.md shows it.
+    pub fn job(&self, job_id: &str) -> Value {
+        json!({
+            "job_id": job_id, "kind": "welcome",
+            "to": ["Ada Lovelace <ada@example.com>"],
+            "data": {
+                "product_name": "Acme Cloud", "user": { "name": "Ada" },
+                "getting_started_url": "https://acme.example/start",
+                "support_email": "support@acme.example"
+            },
+            "created_at": "2026-11-30T12:00:00Z"
+        })
+    }
+
+    pub fn message_id(&self, job_id: &str, kind: &str) -> String {
+        mailroom::smtp::message_id(job_id, kind, "mailroom.test")
+    }
+
+    /// Publishes a job as a producer would, with confirms.
+    pub async fn publish(&self, job: &Value) {
+        let kind = job["kind"].as_str().unwrap_or("unknown");
+        let id = job["job_id"].as_str().unwrap_or("?");
+        self.publish_raw(kind, id, job.to_string().as_bytes()).await;
+    }
+
+    /// Publishes any bytes, as anyone with access to the exchange could.
+    pub async fn publish_raw(&self, routing_key: &str, message_id: &str, body: &[u8]) {
+        let props = broker::job_properties(message_id, routing_key, 1);
+        broker::publish_confirmed(
+            &self.publisher,
+            &self.topology.exchange,
+            routing_key,
+            body,
+            props,
+        )
+        .await
+        .unwrap();
+    }
+
+    pub async fn notification(&self, job_id: &str, kind: &str) -> Option<Notification> {
+        self.db.notification(job_id, kind).await.unwrap()
+    }
+
+    /// Waits until the row of `(job_id, kind)` satisfies `pred`.
+    pub async fn wait_for_row(
+        &self,
+        job_id: &str,
+        kind: &str,
+        what: &str,
+        pred: impl Fn(&Notification) -> bool,
+    ) -> Notification {
+        eventually(what, || async {
+            self.notification(job_id, kind).await.filter(|n| pred(n))
+        })
+        .await
+    }
+
+    /// Counts rows by status.
+    pub async fn count_status(&self, status: &str) -> i64 {
+        let mut conn = PgConnection::connect(&self.db_url).await.unwrap();
+        sqlx::query_scalar("SELECT count(*) FROM sent_notifications WHERE status = $1")
+            .bind(status)
+            .fetch_one(&mut conn)
+            .await
+            .unwrap()
+    }
+
+    /// Takes every message from the dead-letter queue (waiting for `n` of them).
+    pub async fn dead_letters(&self, n: usize) -> Vec<DeadLetter> {
+        let ch = self.conn.create_channel().await.unwrap();
+        let queue = self.topology.dead.as_str();
+        let mut got = Vec::new();
+        let deadline = tokio::time::Instant::now() + PATIENCE;
+        while got.len() < n {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "timed out waiting for {n} dead letters, got {}",
+                got.len()
+            );
+            match ch
+                .basic_get(queue.into(), BasicGetOptions { no_ack: true })
+                .await
+                .unwrap()
+            {
+                Some(m) => got.push(DeadLetter {
+                    body: m.delivery.data.clone(),
+                    properties: m.delivery.properties.clone(),
+                }),
+                None => tokio::time::sleep(Duration::from_millis(25)).await,
+            }
+        }
+        got
+    }
+
+    /// Messages ready in the work queue, by a passive declare (exact, unlike the periodically
+    /// refreshed counts of `rabbitmqctl list_queues`). Once every consumer is gone, unacked
+    /// deliveries are back among the ready ones, so 0 means every delivery was settled.
+    pub async fn ready_messages(&self) -> u32 {
+        let ch = self.conn.create_channel().await.unwrap();
+        let opts = QueueDeclareOptions {
+            passive: true,
+            ..Default::default()
+        };
+        let q = ch
+            .queue_declare(
+                self.topology.queue.as_str().into(),
+                opts,
+                Default::default(),
+            )
+            .await
+            .unwrap();
+        q.message_count()
+    }
+}
+
+impl Drop for TestApp {
+    fn drop(&mut self) {
+        let db_name = self.db_name.clone();
+        let amqp = self.amqp_url.clone();
+        let t = self.topology.clone();
+        // Cleanup needs async clients; run it on a thread of its own, outside the test runtime.
+        let _ = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(async {
+                if let Ok(conn) = Connection::connect(&amqp, Default::default()).await
+                    && let Ok(ch) = conn.create_channel().await
+                {
+                    let mut queues = vec![t.queue.clone(), t.dead.clone()];
+                    queues.extend(t.retry_delays.iter().map(|d| t.retry_queue(*d)));
+                    for q in queues {
+                        let _ = ch
+                            .queue_delete(q.as_str().into(), QueueDeleteOptions::default())
+                            .await;
+                    }
+                    for x in [&t.exchange, &t.retry_exchange, &t.dlx] {
+                        let _ = ch
+                            .exchange_delete(x.as_str().into(), ExchangeDeleteOptions::default())
+                            .await;
+                    }
+                }
+                if let Ok(mut admin) = PgConnection::connect(&database_url()).await {
+                    let drop = format!(r#"DROP DATABASE IF EXISTS "{db_name}" WITH (FORCE)"#);
+                    let _ = admin.execute(sqlx::query(sqlx::AssertSqlSafe(drop))).await;
+                }
+            });
+        })
+        .join();
+    }
+}
+
+/// A worker running inside the test process.
+pub struct RunningWorker {
+    pub stats: Arc<Stats>,
+    pub shutdown: CancellationToken,
+    task: Option<tokio::task::JoinHandle<anyhow::Result<()>>>,
+}
+
+impl RunningWorker {
+    /// Stops it gracefully and waits.
+    pub async fn stop(mut self) {
+        self.shutdown.cancel();
+        if let Some(task) = self.task.take() {
+            task.await.unwrap().unwrap();
+        }
+    }
+}
+
+impl Drop for RunningWorker {
+    fn drop(&mut self) {
+        self.shutdown.cancel();
+    }
+}
+
+/// Sends SIGTERM to a child process.
+pub async fn terminate(child: &Child) {
+    let pid = child.id().expect("process still running").to_string();
+    let status = tokio::process::Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .await
+        .unwrap();
+    assert!(status.success());
+}
+
+/// A RabbitMQ virtual host of its own, for tests that break every connection in it without
+/// touching the tests running beside them.
+pub struct Vhost {
+    pub name: String,
+    pub url: String,
+}
+
+impl Vhost {
+    pub async fn create() -> Vhost {
+        let name = format!(
+            "mailroom-test-{}",
+            &uuid::Uuid::new_v4().simple().to_string()[..12]
+        );
+        rabbitmqctl(&["add_vhost", &name]).await;
+        rabbitmqctl(&["set_permissions", "-p", &name, "guest", ".*", ".*", ".*"]).await;
+        let mut url = url::Url::parse(&amqp_url()).unwrap();
+        url.set_path(&format!("/{name}"));
+        Vhost {
+            name,
+            url: url.to_string(),
+        }
+    }
+
+    pub async fn close_all_connections(&self) {
+        rabbitmqctl(&[
+            "close_all_connections",
+            "-p",
+            &self.name,
+            "mailroom test: broker drops connections",
+        ])
+        .await;
+    }
+
+    pub async fn delete(&self) {
+        rabbitmqctl(&["delete_vhost", &self.name]).await;
+    }
+}
+
+async fn rabbitmqctl(args: &[&str]) {
+    let out = tokio::process::Command::new("rabbitmqctl")
+        .arg("-q")
+        .args(args)
+        .output()
+        .await
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "rabbitmqctl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

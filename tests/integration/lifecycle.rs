@@ -1,0 +1,82 @@
+//! Process lifecycle: graceful shutdown with work in flight, and a broker that drops every
+//! connection under load.
+
+use std::collections::HashSet;
+
+use crate::helpers::*;
+
+#[tokio::test]
+async fn sigterm_with_50_jobs_in_flight_sends_all_once_and_exits_0() {
+    // Each send takes three seconds at the server, so all 50 are in flight when SIGTERM arrives.
+    let app = TestApp::spawn_with(&["--data-delay", "3.0"]).await;
+    for i in 0..50 {
+        app.publish(&app.job(&format!("inflight-{i}"))).await;
+    }
+    let mut worker = app.spawn_worker_process(
+        &[
+            "--concurrency",
+            "64",
+            "--prefetch",
+            "64",
+            "--smtp-connections",
+            "64",
+            "--smtp-timeout",
+            "20s",
+            "--lease",
+            "30s",
+        ],
+        &[],
+    );
+    eventually("50 claims in flight", || async {
+        (app.count_status("sending").await == 50).then_some(())
+    })
+    .await;
+    terminate(&worker).await;
+    let status = tokio::time::timeout(PATIENCE, worker.wait())
+        .await
+        .expect("worker exits")
+        .unwrap();
+    assert_eq!(status.code(), Some(0));
+
+    let received = app.smtp.received();
+    let ids: HashSet<_> = received
+        .iter()
+        .map(|r| r.message_id.clone().unwrap())
+        .collect();
+    assert_eq!(received.len(), 50);
+    assert_eq!(ids.len(), 50);
+    assert_eq!(app.count_status("sent").await, 50);
+    assert_eq!(
+        app.ready_messages().await,
+        0,
+        "every delivery was acked before exit"
+    );
+}
+
+#[tokio::test]
+async fn closing_all_broker_connections_under_load_loses_and_duplicates_nothing() {
+    let vhost = Vhost::create().await;
+    let app = TestApp::spawn_on(vhost.url.clone(), &["--data-delay", "0.02"]).await;
+    let worker = app.start_worker(&["--concurrency", "4"]);
+    let total = 300;
+    for i in 0..total {
+        app.publish(&app.job(&format!("load-{i}"))).await;
+    }
+    worker.stats.wait_until(|s| s.sent >= 30).await;
+    vhost.close_all_connections().await;
+    // The test's own publisher connection went too; only the worker must recover.
+    eventually("every job sent", || async {
+        (app.count_status("sent").await == total).then_some(())
+    })
+    .await;
+    let received = app.smtp.wait_for(total as usize).await;
+    worker.stop().await;
+    let ids: HashSet<_> = received
+        .iter()
+        .map(|r| r.message_id.clone().unwrap())
+        .collect();
+    assert_eq!(ids.len(), total as usize);
+    assert_eq!(app.smtp.received().len(), total as usize, "no duplicates");
+    drop(app);
+    vhost.delete().await;
+}

@@ -1,0 +1,14 @@
+//! Integration tests against real services on loopback: RabbitMQ, PostgreSQL, and an SMTP
+//! server (aiosmtpd) that records what it accepts. Each test gets its own database,
+//! uuid-suffixed exchanges and queues, and its own SMTP server. Exactly-once is always asserted
+//! by counting what the SMTP server received.
+//!
+//! Start the services with `scripts/services` (or run everything with `scripts/test`).
+//! `TEST_LOG=1` shows the logs of the workers under test.
+
+mod helpers;
+
+mod crash;
+mod delivery;
+mod failures;
+mod lifecycle;
