@@ -1,0 +1,256 @@
+//! The producer-side commands: `relay`, `serve` (HTTP API), `run` (relay + worker + HTTP),
+//! `enqueue` and `status`.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::Args;
+
+use super::{BrokerArgs, DatabaseArgs, WorkerArgs};
+use crate::config;
+use crate::db::Database;
+use crate::db::outbox::{self, Enqueued};
+use crate::http::{self, ApiState};
+use crate::job::EmailJob;
+use crate::relay::{Relay, RelaySettings};
+use crate::render::Templates;
+
+#[derive(Debug, Args)]
+pub struct RelayOptions {
+    /// Outbox rows claimed, published and marked per batch.
+    #[arg(long, env = "MAILROOM_RELAY_BATCH", default_value_t = 500)]
+    pub relay_batch: i64,
+    /// Scan the outbox this often even without a notification (covers notifications lost while
+    /// the listener reconnects); LISTEN/NOTIFY wakes the relay at once otherwise.
+    #[arg(long, env = "MAILROOM_RELAY_POLL", default_value = "5s", value_parser = config::parse_duration)]
+    pub relay_poll: Duration,
+    /// Published outbox rows older than this are deleted (in batches of 1,000).
+    #[arg(long, env = "MAILROOM_OUTBOX_RETENTION", default_value = "7d", value_parser = config::parse_duration)]
+    pub outbox_retention: Duration,
+}
+
+impl RelayOptions {
+    fn build(&self, db: &DatabaseArgs, broker: &BrokerArgs) -> anyhow::Result<Relay> {
+        let db = Database::connect_lazy(&db.database_url, 4)?;
+        let settings = RelaySettings {
+            amqp: broker.amqp_url.clone(),
+            topology: broker.topology(),
+            batch_size: self.relay_batch.max(1),
+            poll_interval: self.relay_poll,
+            retention: self.outbox_retention,
+            name: format!("mailroom relay (pid {})", std::process::id()),
+        };
+        Ok(Relay::new(settings, db))
+    }
+}
+
+#[derive(Debug, Args)]
+pub struct RelayArgs {
+    #[command(flatten)]
+    pub db: DatabaseArgs,
+    #[command(flatten)]
+    pub broker: BrokerArgs,
+    #[command(flatten)]
+    pub relay: RelayOptions,
+}
+
+impl RelayArgs {
+    /// Builds the relay these options describe.
+    pub fn build(&self) -> anyhow::Result<Relay> {
+        self.relay.build(&self.db, &self.broker)
+    }
+
+    pub async fn run(&self) -> anyhow::Result<()> {
+        let shutdown = crate::shutdown::on_signals()?;
+        self.build()?.run(shutdown).await
+    }
+}
+
+#[derive(Debug, Args)]
+pub struct HttpOptions {
+    /// Where the HTTP API listens.
+    #[arg(long, env = "MAILROOM_HTTP_ADDR", default_value = "127.0.0.1:8080")]
+    pub http_addr: SocketAddr,
+    /// Bearer token required by /v1; without one the API listens on loopback only.
+    #[arg(long, env = "MAILROOM_API_TOKEN", hide_env_values = true)]
+    pub api_token: Option<String>,
+}
+
+impl HttpOptions {
+    /// Checks the exposure rule and binds the listener.
+    async fn bind(&self) -> anyhow::Result<tokio::net::TcpListener> {
+        http::check_exposure(&self.http_addr, self.api_token.as_deref())?;
+        tokio::net::TcpListener::bind(self.http_addr)
+            .await
+            .with_context(|| format!("listening on {}", self.http_addr))
+    }
+
+    fn state(
+        &self,
+        db: &DatabaseArgs,
+        broker: &BrokerArgs,
+        templates: Option<Arc<Templates>>,
+    ) -> anyhow::Result<Arc<ApiState>> {
+        Ok(Arc::new(ApiState {
+            db: Database::connect_lazy(&db.database_url, 8)?,
+            amqp: broker.amqp_url.clone(),
+            templates,
+            token: self.api_token.clone(),
+        }))
+    }
+}
+
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    #[command(flatten)]
+    pub db: DatabaseArgs,
+    #[command(flatten)]
+    pub broker: BrokerArgs,
+    #[command(flatten)]
+    pub http: HttpOptions,
+    /// Template directory; when given, jobs of a kind without a template are refused with 400.
+    #[arg(long, env = "MAILROOM_TEMPLATES")]
+    pub templates: Option<PathBuf>,
+}
+
+impl ServeArgs {
+    pub async fn run(&self) -> anyhow::Result<()> {
+        let shutdown = crate::shutdown::on_signals()?;
+        let templates = match &self.templates {
+            Some(dir) => {
+                Some(Arc::new(Templates::load(dir).with_context(|| {
+                    format!("loading templates from {}", dir.display())
+                })?))
+            }
+            None => None,
+        };
+        let listener = self.http.bind().await?;
+        http::serve(
+            listener,
+            self.http.state(&self.db, &self.broker, templates)?,
+            shutdown,
+        )
+        .await
+    }
+}
+
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    #[command(flatten)]
+    pub worker: WorkerArgs,
+    #[command(flatten)]
+    pub relay: RelayOptions,
+    #[command(flatten)]
+    pub http: HttpOptions,
+}
+
+impl RunArgs {
+    pub async fn run(&self) -> anyhow::Result<()> {
+        let shutdown = crate::shutdown::on_signals()?;
+        let worker = self.worker.build()?;
+        let relay = self.relay.build(&self.worker.db, &self.worker.broker)?;
+        let listener = self.http.bind().await?;
+        let state = self.http.state(
+            &self.worker.db,
+            &self.worker.broker,
+            Some(worker.templates()),
+        )?;
+        let (w, r, h) = tokio::join!(
+            worker.run(shutdown.clone()),
+            relay.run(shutdown.clone()),
+            http::serve(listener, state, shutdown)
+        );
+        w.and(r).and(h)
+    }
+}
+
+#[derive(Debug, Args)]
+pub struct EnqueueArgs {
+    #[command(flatten)]
+    pub db: DatabaseArgs,
+    /// Template kind, e.g. welcome.
+    #[arg(long)]
+    pub kind: String,
+    /// Recipient mailbox; repeat for several.
+    #[arg(long, required = true)]
+    pub to: Vec<String>,
+    /// Template data: a JSON object, or @path/to/file.json.
+    #[arg(long, default_value = "{}")]
+    pub data: String,
+    /// Idempotency key (default: a new UUID). Enqueueing the same key twice is a no-op.
+    #[arg(long)]
+    pub job_id: Option<String>,
+    /// Template locale, e.g. fr.
+    #[arg(long)]
+    pub locale: Option<String>,
+}
+
+impl EnqueueArgs {
+    pub async fn run(&self) -> anyhow::Result<()> {
+        let data = super::read_data(&self.data)?;
+        let job = EmailJob {
+            job_id: self
+                .job_id
+                .clone()
+                .unwrap_or_else(|| uuid::Uuid::new_v4().to_string()),
+            kind: self.kind.clone(),
+            to: self.to.clone(),
+            cc: vec![],
+            bcc: vec![],
+            reply_to: None,
+            locale: self.locale.clone(),
+            data,
+            headers: Default::default(),
+            created_at: Some(chrono::Utc::now()),
+        };
+        let db = Database::connect_lazy(&self.db.database_url, 1)?;
+        let mut tx = db
+            .postgres()
+            .begin()
+            .await
+            .context("connecting to the database")?;
+        let done = outbox::enqueue(&mut tx, &job).await?;
+        tx.commit().await?;
+        match done {
+            Enqueued::New(id) => println!("{} queued (outbox id {id})", job.job_id),
+            Enqueued::AlreadyQueued => {
+                println!("{} was already queued; nothing written", job.job_id)
+            }
+        }
+        Ok(())
+    }
+}
+
+#[derive(Debug, Args)]
+pub struct StatusArgs {
+    #[command(flatten)]
+    pub db: DatabaseArgs,
+    /// The job's id.
+    pub job_id: String,
+    /// The job's kind (default: every kind of this job id).
+    pub kind: Option<String>,
+    /// Print JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+impl StatusArgs {
+    pub async fn run(&self) -> anyhow::Result<()> {
+        let db = Database::connect_lazy(&self.db.database_url, 1)?;
+        let statuses = crate::status::job_status(&db, &self.job_id, self.kind.as_deref()).await?;
+        if statuses.is_empty() {
+            anyhow::bail!("no job {:?} in the outbox or the ledger", self.job_id);
+        }
+        for s in &statuses {
+            if self.json {
+                println!("{}", serde_json::to_string(s)?);
+            } else {
+                println!("{s}");
+            }
+        }
+        Ok(())
+    }
+}

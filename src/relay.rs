@@ -1,0 +1,252 @@
+//! The relay: outbox → broker. It claims batches of unpublished rows with
+//! `FOR UPDATE SKIP LOCKED` (so several relays can run), publishes each persistent and
+//! `mandatory` with publisher confirms, and in the same transaction marks published only the
+//! rows whose confirm was a clean ack. A crash between confirm and commit publishes those rows
+//! again; the worker's claim makes the duplicate harmless.
+//!
+//! Wake-ups come from Postgres `LISTEN/NOTIFY` (the outbox trigger notifies at commit). Listening
+//! starts before the first scan, so nothing committed in between is missed, and a fallback poll
+//! covers notifications lost while the listener reconnects.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use futures_util::future::join_all;
+use lapin::{Channel, Confirmation, options::BasicPublishOptions};
+use sqlx::postgres::PgListener;
+use tokio_util::sync::CancellationToken;
+
+use crate::broker::{self, Topology};
+use crate::config::UrlList;
+use crate::db::Database;
+use crate::db::outbox::{self, PendingRow};
+use crate::failpoint;
+
+/// Refused publishes (unroutable, nacked) before a row is parked for an operator.
+pub const MAX_PUBLISH_ATTEMPTS: i32 = 10;
+/// Longest wait before retrying a refused row.
+const MAX_ROW_BACKOFF: Duration = Duration::from_secs(300);
+/// How often published rows past the retention age are deleted.
+const RETENTION_EVERY: Duration = Duration::from_secs(60);
+/// Rows deleted per retention statement: bounded so it never holds long locks.
+const RETENTION_BATCH: i64 = 1000;
+
+/// Relay settings.
+#[derive(Clone, Debug)]
+pub struct RelaySettings {
+    pub amqp: UrlList,
+    pub topology: Topology,
+    /// Rows per claim, publish and mark.
+    pub batch_size: i64,
+    /// Scan this often even without a notification.
+    pub poll_interval: Duration,
+    /// Published rows older than this are deleted.
+    pub retention: Duration,
+    pub name: String,
+}
+
+/// What the relay did, for tests, the benchmark and metrics.
+#[derive(Debug, Default)]
+pub struct RelayStats {
+    pub published: AtomicU64,
+    pub refused: AtomicU64,
+    pub parked: AtomicU64,
+    /// Scans of the outbox (claim statements), busy or idle.
+    pub scans: AtomicU64,
+}
+
+/// The relay process.
+pub struct Relay {
+    settings: RelaySettings,
+    db: Database,
+    stats: Arc<RelayStats>,
+}
+
+impl Relay {
+    pub fn new(settings: RelaySettings, db: Database) -> Relay {
+        Relay {
+            settings,
+            db,
+            stats: Arc::default(),
+        }
+    }
+
+    pub fn stats(&self) -> Arc<RelayStats> {
+        self.stats.clone()
+    }
+
+    /// Relays until `shutdown` is cancelled, reconnecting to the broker and the database with
+    /// capped exponential backoff.
+    pub async fn run(self, shutdown: CancellationToken) -> anyhow::Result<()> {
+        let mut backoff = broker::reconnect_backoff();
+        while !shutdown.is_cancelled() {
+            match self.session(&shutdown, &mut backoff).await {
+                Ok(()) => break,
+                Err(e) => {
+                    let wait = backoff.next().unwrap_or(broker::RECONNECT_MAX);
+                    tracing::error!(error = format!("{e:#}"), retry_in = ?wait, "relay session ended; reconnecting");
+                    tokio::select! {
+                        _ = tokio::time::sleep(wait) => {}
+                        _ = shutdown.cancelled() => break,
+                    }
+                }
+            }
+        }
+        tracing::info!("relay stopped");
+        Ok(())
+    }
+
+    async fn session(
+        &self,
+        shutdown: &CancellationToken,
+        backoff: &mut backon::ExponentialBackoff,
+    ) -> anyhow::Result<()> {
+        let s = &self.settings;
+        let conn = broker::connect(&s.amqp, &s.name).await?;
+        broker::declare_topology(&conn.create_channel().await?, &s.topology).await?;
+        let channel = broker::confirm_channel(&conn).await?;
+        let mut listener = PgListener::connect_with(self.db.postgres()).await?;
+        listener.listen(outbox::NOTIFY_CHANNEL).await?;
+        *backoff = broker::reconnect_backoff();
+        tracing::info!(exchange = %s.topology.exchange, "relaying");
+        let mut retention = tokio::time::interval(RETENTION_EVERY);
+        loop {
+            while self.relay_batch(&channel).await? == s.batch_size as usize {
+                if shutdown.is_cancelled() {
+                    break;
+                }
+            }
+            tokio::select! {
+                biased;
+                _ = shutdown.cancelled() => break,
+                note = listener.try_recv() => match note? {
+                    Some(_) => while listener.next_buffered().is_some() {},
+                    None => tracing::warn!("notification listener reconnected; rescanning the outbox"),
+                },
+                _ = tokio::time::sleep(s.poll_interval) => {}
+                _ = retention.tick() => self.apply_retention().await,
+            }
+        }
+        let _ = channel.close(200, "relay shutting down".into()).await;
+        let _ = conn.close(200, "relay shutting down".into()).await;
+        Ok(())
+    }
+
+    /// Claims, publishes and marks one batch; returns how many rows it claimed.
+    async fn relay_batch(&self, channel: &Channel) -> anyhow::Result<usize> {
+        let mut tx = self.db.postgres().begin().await?;
+        self.stats.scans.fetch_add(1, Ordering::Relaxed);
+        let rows = outbox::claim_outbox_batch(&mut tx, self.settings.batch_size).await?;
+        if rows.is_empty() {
+            tx.commit().await?;
+            return Ok(0);
+        }
+        let confirms = self.publish_all(channel, &rows).await?;
+        failpoint::hit("relay.after_confirm").await;
+        let mut published = Vec::with_capacity(rows.len());
+        for (row, confirm) in rows.iter().zip(confirms) {
+            match confirm {
+                Confirmation::Ack(None) => published.push(row.id),
+                Confirmation::Ack(Some(_)) => {
+                    let why = format!(
+                        "unroutable: no queue bound for kind {:?} on exchange {:?}",
+                        row.kind, self.settings.topology.exchange
+                    );
+                    self.refuse(&mut tx, row, &why).await?;
+                }
+                Confirmation::Nack(_) => {
+                    self.refuse(&mut tx, row, "the broker refused the message (nack)")
+                        .await?
+                }
+                Confirmation::NotRequested => {
+                    anyhow::bail!("the relay channel is not in confirm mode")
+                }
+            }
+        }
+        outbox::mark_published(&mut tx, &published).await?;
+        tx.commit().await?;
+        self.stats
+            .published
+            .fetch_add(published.len() as u64, Ordering::Relaxed);
+        Ok(rows.len())
+    }
+
+    /// Publishes every row, pipelined, then waits for all confirms within one timeout. A channel
+    /// error or a timeout fails the whole batch: nothing is marked, everything is retried.
+    async fn publish_all(
+        &self,
+        channel: &Channel,
+        rows: &[PendingRow],
+    ) -> anyhow::Result<Vec<Confirmation>> {
+        let exchange = &self.settings.topology.exchange;
+        let options = BasicPublishOptions {
+            mandatory: true,
+            ..Default::default()
+        };
+        let mut pending = Vec::with_capacity(rows.len());
+        for row in rows {
+            let props = broker::job_properties(&row.job_id, &row.kind, 1);
+            let confirm = channel
+                .basic_publish(
+                    exchange.as_str().into(),
+                    row.kind.as_str().into(),
+                    options,
+                    row.payload.as_bytes(),
+                    props,
+                )
+                .await?;
+            pending.push(confirm);
+        }
+        let confirms = tokio::time::timeout(broker::CONFIRM_TIMEOUT, join_all(pending))
+            .await
+            .map_err(|_| {
+                anyhow::anyhow!("no publisher confirms within {:?}", broker::CONFIRM_TIMEOUT)
+            })?;
+        Ok(confirms.into_iter().collect::<Result<Vec<_>, _>>()?)
+    }
+
+    async fn refuse(
+        &self,
+        tx: &mut sqlx::PgConnection,
+        row: &PendingRow,
+        why: &str,
+    ) -> anyhow::Result<()> {
+        let attempts = row.publish_attempts + 1;
+        let park = attempts >= MAX_PUBLISH_ATTEMPTS;
+        let retry_in = Duration::from_secs(1u64 << attempts.clamp(0, 16)).min(MAX_ROW_BACKOFF);
+        outbox::mark_publish_failed(tx, row.id, why, retry_in, park).await?;
+        self.stats.refused.fetch_add(1, Ordering::Relaxed);
+        if park {
+            self.stats.parked.fetch_add(1, Ordering::Relaxed);
+            tracing::error!(job_id = %row.job_id, kind = %row.kind, attempts, reason = why, "outbox row parked after repeated refusals; clear parked_at to retry it");
+        } else {
+            tracing::warn!(job_id = %row.job_id, kind = %row.kind, attempts, reason = why, ?retry_in, "publish refused; will retry");
+        }
+        Ok(())
+    }
+
+    async fn apply_retention(&self) {
+        let Ok(mut conn) = self.db.postgres().acquire().await else {
+            return;
+        };
+        loop {
+            match outbox::delete_published_before(
+                &mut conn,
+                self.settings.retention,
+                RETENTION_BATCH,
+            )
+            .await
+            {
+                Ok(n) if n == RETENTION_BATCH as u64 => continue,
+                Ok(n) => {
+                    if n > 0 {
+                        tracing::info!(deleted = n, "deleted published outbox rows past retention");
+                    }
+                    return;
+                }
+                Err(e) => return tracing::warn!(error = %e, "outbox retention failed"),
+            }
+        }
+    }
+}

@@ -1,0 +1,330 @@
+//! The producer side: the transactional outbox, the relay, and what reaches the SMTP server.
+
+use std::collections::HashSet;
+
+use mailroom::db::outbox::{self, Enqueued};
+use sqlx::{Connection as _, Executor as _};
+
+use crate::helpers::*;
+
+async fn create_orders_table(app: &TestApp) {
+    app.pg()
+        .await
+        .execute("CREATE TABLE orders (id BIGINT PRIMARY KEY)")
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn committed_enqueue_sends_one_email_and_rolled_back_enqueue_sends_none() {
+    let app = TestApp::spawn().await;
+    create_orders_table(&app).await;
+    let worker = app.start_worker(&[]);
+    let relay = app.start_relay(&[]);
+    let pool = app.db.postgres();
+
+    let mut tx = pool.begin().await.unwrap();
+    sqlx::query("INSERT INTO orders (id) VALUES (1)")
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    outbox::enqueue(&mut tx, &app.email_job("order-1-rolled-back"))
+        .await
+        .unwrap();
+    tx.rollback().await.unwrap();
+
+    let mut tx = pool.begin().await.unwrap();
+    sqlx::query("INSERT INTO orders (id) VALUES (2)")
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    let done = outbox::enqueue(&mut tx, &app.email_job("order-2-committed"))
+        .await
+        .unwrap();
+    assert!(matches!(done, Enqueued::New(_)));
+    tx.commit().await.unwrap();
+
+    app.wait_for_row("order-2-committed", "welcome", "row sent", |n| {
+        n.status.as_str() == "sent"
+    })
+    .await;
+    relay.stop().await;
+    worker.stop().await;
+    let received = app.smtp.received();
+    assert_eq!(received.len(), 1);
+    assert_eq!(
+        received[0].message_id,
+        Some(app.message_id("order-2-committed", "welcome"))
+    );
+    assert!(
+        app.notification("order-1-rolled-back", "welcome")
+            .await
+            .is_none()
+    );
+}
+
+#[tokio::test]
+async fn enqueueing_the_same_key_twice_is_a_no_op_and_sends_once() {
+    let app = TestApp::spawn().await;
+    let mut conn = app.pg().await;
+    let job = app.email_job("twice");
+    assert!(matches!(
+        outbox::enqueue_on(&mut conn, &job).await.unwrap(),
+        Enqueued::New(_)
+    ));
+    assert_eq!(
+        outbox::enqueue_on(&mut conn, &job).await.unwrap(),
+        Enqueued::AlreadyQueued
+    );
+    let worker = app.start_worker(&[]);
+    let relay = app.start_relay(&[]);
+    app.wait_for_row("twice", "welcome", "row sent", |n| {
+        n.status.as_str() == "sent"
+    })
+    .await;
+    relay.stop().await;
+    worker.stop().await;
+    assert_eq!(app.smtp.received().len(), 1);
+}
+
+#[tokio::test]
+async fn invalid_jobs_are_refused_at_enqueue_naming_the_field() {
+    let app = TestApp::spawn().await;
+    let mut job = app.email_job("bad-address");
+    job.to = vec!["not an address".into()];
+    let err = outbox::enqueue_on(&mut app.pg().await, &job)
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("to[0]"), "{err}");
+    assert_eq!(app.unpublished().await, 0);
+}
+
+#[tokio::test]
+async fn a_notification_wakes_the_relay_long_before_its_fallback_poll() {
+    let app = TestApp::spawn().await;
+    let worker = app.start_worker(&[]);
+    // With a one-hour fallback poll, only NOTIFY can deliver this job within the test's patience.
+    let relay = app.start_relay(&["--relay-poll", "1h"]);
+    eventually("the relay's first scan", || async {
+        (relay.stats.scans.load(std::sync::atomic::Ordering::Relaxed) >= 1).then_some(())
+    })
+    .await;
+    outbox::enqueue_on(&mut app.pg().await, &app.email_job("notified"))
+        .await
+        .unwrap();
+    app.smtp.wait_for(1).await;
+    relay.stop().await;
+    worker.stop().await;
+}
+
+#[tokio::test]
+async fn a_row_committed_after_a_later_id_was_published_is_still_published() {
+    let app = TestApp::spawn().await;
+    let worker = app.start_worker(&[]);
+    let relay = app.start_relay(&[]);
+    let mut slow = app.pg().await;
+    let mut tx = slow.begin().await.unwrap();
+    outbox::enqueue(&mut tx, &app.email_job("early-id-late-commit"))
+        .await
+        .unwrap();
+    outbox::enqueue_on(&mut app.pg().await, &app.email_job("late-id-early-commit"))
+        .await
+        .unwrap();
+    app.wait_for_row("late-id-early-commit", "welcome", "later row sent", |n| {
+        n.status.as_str() == "sent"
+    })
+    .await;
+    tx.commit().await.unwrap();
+    app.wait_for_row("early-id-late-commit", "welcome", "earlier row sent", |n| {
+        n.status.as_str() == "sent"
+    })
+    .await;
+    relay.stop().await;
+    worker.stop().await;
+    assert_eq!(app.smtp.received().len(), 2);
+}
+
+#[tokio::test]
+async fn two_relays_on_5000_rows_send_every_job_exactly_once() {
+    let app = TestApp::spawn().await;
+    let total = 5000;
+    let mut conn = app.pg().await;
+    let mut tx = conn.begin().await.unwrap();
+    for i in 0..total {
+        outbox::enqueue(&mut tx, &app.email_job(&format!("bulk-{i}")))
+            .await
+            .unwrap();
+    }
+    tx.commit().await.unwrap();
+    let a = app.start_relay(&["--relay-batch", "100"]);
+    let b = app.start_relay(&["--relay-batch", "100"]);
+    let worker = app.start_worker(&["--concurrency", "32", "--prefetch", "64"]);
+    let received = app
+        .smtp
+        .wait_for_within(total, std::time::Duration::from_secs(300))
+        .await;
+    eventually("both relays idle with everything published", || async {
+        (app.unpublished().await == 0).then_some(())
+    })
+    .await;
+    let published = a.published() + b.published();
+    a.stop().await;
+    b.stop().await;
+    worker.stop().await;
+    assert_eq!(
+        published, total as u64,
+        "no row was published by both relays"
+    );
+    let ids: HashSet<_> = received
+        .iter()
+        .map(|r| r.message_id.clone().unwrap())
+        .collect();
+    assert_eq!(ids.len(), total);
+    assert_eq!(app.smtp.received().len(), total);
+}
+
+#[tokio::test]
+async fn relay_killed_between_confirm_and_mark_publishes_again_and_sends_once() {
+    let app = TestApp::spawn().await;
+    let worker = app.start_worker(&[]);
+    outbox::enqueue_on(&mut app.pg().await, &app.email_job("relay-crash"))
+        .await
+        .unwrap();
+    let mut crashing =
+        app.spawn_relay_process(&[], &[("MAILROOM_FAILPOINTS", "relay.after_confirm=abort")]);
+    let status = tokio::time::timeout(PATIENCE, crashing.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(!status.success(), "the failpoint aborted the relay");
+    assert_eq!(
+        app.unpublished().await,
+        1,
+        "the confirm arrived but the mark never committed"
+    );
+
+    let relay = app.start_relay(&[]);
+    eventually("the row published by the second relay", || async {
+        (app.unpublished().await == 0).then_some(())
+    })
+    .await;
+    worker
+        .stats
+        .wait_until(|s| s.sent == 1 && s.duplicates == 1)
+        .await;
+    relay.stop().await;
+    worker.stop().await;
+    assert_eq!(app.smtp.count(&app.message_id("relay-crash", "welcome")), 1);
+}
+
+#[tokio::test]
+async fn unroutable_rows_stay_unpublished_with_a_reason_until_the_queue_is_back() {
+    let app = TestApp::spawn().await;
+    let relay = app.start_relay(&[]);
+    // After the relay declared the topology at start, so it does not heal the damage at once.
+    eventually("the relay's first scan", || async {
+        (relay.stats.scans.load(std::sync::atomic::Ordering::Relaxed) >= 1).then_some(())
+    })
+    .await;
+    app.delete_work_queue().await;
+    outbox::enqueue_on(&mut app.pg().await, &app.email_job("unroutable"))
+        .await
+        .unwrap();
+    let status = eventually("a refused publish", || async {
+        let s = mailroom::status::job_status(&app.db, "unroutable", Some("welcome"))
+            .await
+            .unwrap();
+        s.into_iter().find(|s| s.publish_attempts > 0)
+    })
+    .await;
+    assert_eq!(status.state, "queued");
+    assert!(status.last_error.unwrap().contains("unroutable"));
+
+    // A worker declares the topology again when it starts, as after any broker incident.
+    let worker = app.start_worker(&[]);
+    app.wait_for_row("unroutable", "welcome", "row sent", |n| {
+        n.status.as_str() == "sent"
+    })
+    .await;
+    relay.stop().await;
+    worker.stop().await;
+    assert_eq!(app.smtp.received().len(), 1);
+}
+
+#[tokio::test]
+async fn enqueue_and_status_commands_walk_a_job_to_sent() {
+    let app = TestApp::spawn().await;
+    let out = app
+        .cli(&[
+            "enqueue",
+            "--kind",
+            "welcome",
+            "--to",
+            "Ada <ada@example.com>",
+            "--job-id",
+            "cli-1",
+            "--data",
+            &app.job("x")["data"].to_string(),
+        ])
+        .await;
+    assert!(out.contains("cli-1 queued"), "{out}");
+    let out = app.cli(&["status", "cli-1"]).await;
+    assert!(out.contains("cli-1 welcome: queued"), "{out}");
+    let worker = app.start_worker(&[]);
+    let relay = app.start_relay(&[]);
+    app.wait_for_row("cli-1", "welcome", "row sent", |n| {
+        n.status.as_str() == "sent"
+    })
+    .await;
+    let out = app.cli(&["status", "cli-1", "welcome", "--json"]).await;
+    let json: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    assert_eq!(json["state"], "sent");
+    assert_eq!(json["attempts"], 1);
+    assert!(json["published_at"].is_string());
+    relay.stop().await;
+    worker.stop().await;
+}
+
+#[tokio::test]
+async fn the_python_example_sends_on_commit_and_nothing_on_rollback() {
+    let app = TestApp::spawn().await;
+    let worker = app.start_worker(&[]);
+    let relay = app.start_relay(&[]);
+    let example =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/outbox_psycopg.py");
+    for (order, rollback) in [("7", true), ("8", false)] {
+        let mut cmd = tokio::process::Command::new("/usr/bin/python3");
+        cmd.arg(&example)
+            .args(["--order-id", order, "--to", "Ada <ada@example.com>"])
+            .env("DATABASE_URL", &app.db_url);
+        if rollback {
+            cmd.arg("--rollback");
+        }
+        let out = cmd.output().await.unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    app.wait_for_row(
+        "order-8-confirmation",
+        "order_confirmation",
+        "row sent",
+        |n| n.status.as_str() == "sent",
+    )
+    .await;
+    relay.stop().await;
+    worker.stop().await;
+    let received = app.smtp.received();
+    assert_eq!(received.len(), 1);
+    assert_eq!(
+        received[0].message_id,
+        Some(app.message_id("order-8-confirmation", "order_confirmation"))
+    );
+    assert!(
+        app.notification("order-7-confirmation", "order_confirmation")
+            .await
+            .is_none()
+    );
+}
