@@ -1,0 +1,232 @@
+//! The HTTP API (axum): enqueue a job, read its status, health and readiness.
+//!
+//! - `POST /v1/emails`: a job as JSON; the `Idempotency-Key` header, when present, becomes the
+//!   job_id. Validated like everywhere else, written to the outbox, `202 Accepted` with a
+//!   `Location` to poll. Posting the same key again is accepted and writes nothing.
+//! - `GET /v1/emails/{job_id}/{kind}`: the job's state (see [`crate::status`]).
+//! - `GET /healthz` (the process runs) and `GET /readyz` (database and broker reachable).
+//!
+//! `/v1` requires `Authorization: Bearer <MAILROOM_API_TOKEN>`. Without a token the server
+//! refuses to listen on anything but a loopback address.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use axum::{
+    Json, Router,
+    extract::{Path, Request, State},
+    http::{HeaderMap, StatusCode, header},
+    middleware::{self, Next},
+    response::{IntoResponse, Response},
+    routing::{get, post},
+};
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
+
+use crate::config::UrlList;
+use crate::db::Database;
+use crate::db::outbox::{self, EnqueueError, Enqueued};
+use crate::job::{EmailJob, JobError};
+use crate::render::Templates;
+
+/// What the handlers share.
+pub struct ApiState {
+    pub db: Database,
+    pub amqp: UrlList,
+    /// When set, jobs naming a kind without a template are refused at once.
+    pub templates: Option<Arc<Templates>>,
+    pub token: Option<String>,
+}
+
+/// Refuses a configuration that would expose an unauthenticated API beyond this machine.
+pub fn check_exposure(addr: &SocketAddr, token: Option<&str>) -> anyhow::Result<()> {
+    if token.is_none() && !addr.ip().is_loopback() {
+        anyhow::bail!(
+            "refusing to serve the API on {addr} without MAILROOM_API_TOKEN; set a token or listen on 127.0.0.1"
+        );
+    }
+    Ok(())
+}
+
+/// The routes.
+pub fn router(state: Arc<ApiState>) -> Router {
+    let api = Router::new()
+        .route("/v1/emails", post(enqueue))
+        .route("/v1/emails/{job_id}/{kind}", get(status))
+        .route_layer(middleware::from_fn_with_state(state.clone(), require_token));
+    Router::new()
+        .route("/healthz", get(|| async { "ok" }))
+        .route("/readyz", get(ready))
+        .merge(api)
+        .with_state(state)
+}
+
+/// Serves on `listener` until `shutdown` is cancelled.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    state: Arc<ApiState>,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
+    tracing::info!(addr = %listener.local_addr()?, "HTTP API listening");
+    axum::serve(listener, router(state))
+        .with_graceful_shutdown(async move { shutdown.cancelled().await })
+        .await?;
+    Ok(())
+}
+
+async fn require_token(
+    State(state): State<Arc<ApiState>>,
+    headers: HeaderMap,
+    request: Request,
+    next: Next,
+) -> Response {
+    if let Some(token) = &state.token {
+        let given = headers
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "));
+        if !given.is_some_and(|g| constant_time_eq(g.as_bytes(), token.as_bytes())) {
+            return error(
+                StatusCode::UNAUTHORIZED,
+                None,
+                "missing or wrong bearer token",
+            );
+        }
+    }
+    next.run(request).await
+}
+
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+fn error(status: StatusCode, field: Option<&str>, message: &str) -> Response {
+    (status, Json(json!({ "error": message, "field": field }))).into_response()
+}
+
+async fn enqueue(
+    State(state): State<Arc<ApiState>>,
+    headers: HeaderMap,
+    body: axum::body::Bytes,
+) -> Response {
+    let mut value: Value = match serde_json::from_slice(&body) {
+        Ok(v) => v,
+        Err(e) => {
+            return error(
+                StatusCode::BAD_REQUEST,
+                None,
+                &format!("body is not JSON: {e}"),
+            );
+        }
+    };
+    if let Some(key) = headers.get("idempotency-key") {
+        let Ok(key) = key.to_str() else {
+            return error(
+                StatusCode::BAD_REQUEST,
+                Some("Idempotency-Key"),
+                "not visible ASCII",
+            );
+        };
+        if let Some(obj) = value.as_object_mut() {
+            obj.insert("job_id".into(), Value::String(key.to_string()));
+        }
+    }
+    let job = match EmailJob::from_value(value) {
+        Ok(valid) => valid.job,
+        Err(e) => return job_error(&e),
+    };
+    if let Some(templates) = &state.templates
+        && !templates.contains(&job.kind)
+    {
+        return error(
+            StatusCode::BAD_REQUEST,
+            Some("kind"),
+            &format!("no template for kind {:?}", job.kind),
+        );
+    }
+    let mut conn = match state.db.postgres().acquire().await {
+        Ok(c) => c,
+        Err(e) => {
+            return error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                None,
+                &format!("database unavailable: {e}"),
+            );
+        }
+    };
+    let done = match outbox::enqueue_on(&mut conn, &job).await {
+        Ok(done) => done,
+        Err(EnqueueError::Invalid(e)) => return job_error(&e),
+        Err(EnqueueError::Database(e)) => {
+            return error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                None,
+                &format!("database unavailable: {e}"),
+            );
+        }
+    };
+    let location = format!("/v1/emails/{}/{}", encode(&job.job_id), encode(&job.kind));
+    let body = json!({
+        "job_id": job.job_id, "kind": job.kind,
+        "duplicate": done == Enqueued::AlreadyQueued, "status_url": location,
+    });
+    (
+        StatusCode::ACCEPTED,
+        [(header::LOCATION, location)],
+        Json(body),
+    )
+        .into_response()
+}
+
+fn job_error(e: &JobError) -> Response {
+    let field = match e {
+        JobError::Invalid { field, .. } => Some(field.as_str()),
+        _ => None,
+    };
+    error(StatusCode::BAD_REQUEST, field, &e.to_string())
+}
+
+async fn status(
+    State(state): State<Arc<ApiState>>,
+    Path((job_id, kind)): Path<(String, String)>,
+) -> Response {
+    match crate::status::job_status(&state.db, &job_id, Some(&kind)).await {
+        Ok(found) => match found.into_iter().next() {
+            Some(s) => Json(s).into_response(),
+            None => error(StatusCode::NOT_FOUND, None, "no such job"),
+        },
+        Err(e) => error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            None,
+            &format!("database unavailable: {e:#}"),
+        ),
+    }
+}
+
+async fn ready(State(state): State<Arc<ApiState>>) -> Response {
+    let db = sqlx::query("SELECT 1")
+        .execute(state.db.postgres())
+        .await
+        .map(|_| ());
+    let broker = crate::broker::connect(&state.amqp, "mailroom readiness probe").await;
+    if let Ok(conn) = &broker {
+        let _ = conn.close(200, "probe".into()).await;
+    }
+    let body = json!({
+        "database": db.as_ref().map_or_else(|e| e.to_string(), |_| "ok".into()),
+        "broker": broker.as_ref().map_or_else(|e| format!("{e:#}"), |_| "ok".into()),
+    });
+    let code = if db.is_ok() && broker.is_ok() {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    (code, Json(body)).into_response()
+}
+
+/// Percent-encodes one path segment.
+fn encode(segment: &str) -> String {
+    url::form_urlencoded::byte_serialize(segment.as_bytes())
+        .collect::<String>()
+        .replace('+', "%20")
+}

@@ -1,0 +1,215 @@
+//! The HTTP API against real services: enqueue with an idempotency key, validation, the token,
+//! and a job's status walking to `sent`.
+
+use std::sync::Arc;
+
+use mailroom::config::UrlList;
+use mailroom::http::{self, ApiState};
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
+
+use crate::helpers::*;
+
+const TOKEN: &str = "test-token-5a1f";
+
+struct Api {
+    base: String,
+    client: reqwest::Client,
+    shutdown: CancellationToken,
+}
+
+impl Drop for Api {
+    fn drop(&mut self) {
+        self.shutdown.cancel();
+    }
+}
+
+impl Api {
+    async fn start(app: &TestApp) -> Api {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let base = format!("http://{}", listener.local_addr().unwrap());
+        let templates = mailroom::render::Templates::load(
+            &std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("templates"),
+        )
+        .unwrap();
+        let state = Arc::new(ApiState {
+            db: app.db.clone(),
+            amqp: app.amqp_url.parse::<UrlList>().unwrap(),
+            templates: Some(Arc::new(templates)),
+            token: Some(TOKEN.into()),
+        });
+        let shutdown = CancellationToken::new();
+        tokio::spawn(http::serve(listener, state, shutdown.clone()));
+        Api {
+            base,
+            client: reqwest::Client::new(),
+            shutdown,
+        }
+    }
+
+    async fn post(&self, key: Option<&str>, body: &Value) -> (u16, Value) {
+        let mut req = self
+            .client
+            .post(format!("{}/v1/emails", self.base))
+            .bearer_auth(TOKEN)
+            .json(body);
+        if let Some(key) = key {
+            req = req.header("Idempotency-Key", key);
+        }
+        let resp = req.send().await.unwrap();
+        (resp.status().as_u16(), resp.json().await.unwrap())
+    }
+
+    async fn status(&self, job_id: &str, kind: &str) -> Value {
+        let url = format!("{}/v1/emails/{job_id}/{kind}", self.base);
+        self.client
+            .get(url)
+            .bearer_auth(TOKEN)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap()
+    }
+}
+
+fn body_without_id(app: &TestApp) -> Value {
+    let mut job = app.job("ignored");
+    job.as_object_mut().unwrap().remove("job_id");
+    job
+}
+
+#[tokio::test]
+async fn the_same_idempotency_key_twice_sends_one_email() {
+    let app = TestApp::spawn().await;
+    let api = Api::start(&app).await;
+    let (code, first) = api.post(Some("signup-77"), &body_without_id(&app)).await;
+    assert_eq!(code, 202, "{first}");
+    assert_eq!(first["job_id"], "signup-77");
+    assert_eq!(first["duplicate"], false);
+    let (code, second) = api.post(Some("signup-77"), &body_without_id(&app)).await;
+    assert_eq!(code, 202);
+    assert_eq!(second["duplicate"], true);
+
+    let worker = app.start_worker(&[]);
+    let relay = app.start_relay(&[]);
+    app.wait_for_row("signup-77", "welcome", "row sent", |n| {
+        n.status.as_str() == "sent"
+    })
+    .await;
+    relay.stop().await;
+    worker.stop().await;
+    assert_eq!(app.smtp.received().len(), 1);
+}
+
+#[tokio::test]
+async fn an_invalid_body_is_refused_with_400_naming_the_field() {
+    let app = TestApp::spawn().await;
+    let api = Api::start(&app).await;
+    let mut job = body_without_id(&app);
+    job["to"] = json!(["not an address"]);
+    let (code, err) = api.post(Some("bad-1"), &job).await;
+    assert_eq!(code, 400);
+    assert_eq!(err["field"], "to[0]");
+
+    let (code, err) = api
+        .post(
+            Some("bad-2"),
+            &json!({"kind": "welcome", "to": "ada@example.com"}),
+        )
+        .await;
+    assert_eq!(code, 400);
+    assert!(err["error"].as_str().unwrap().contains("to"), "{err}");
+
+    let mut job = body_without_id(&app);
+    job["kind"] = json!("no_such_template");
+    let (code, err) = api.post(Some("bad-3"), &job).await;
+    assert_eq!(code, 400);
+    assert_eq!(err["field"], "kind");
+    assert_eq!(app.unpublished().await, 0, "nothing was written");
+}
+
+#[tokio::test]
+async fn requests_without_the_token_get_401_and_health_needs_none() {
+    let app = TestApp::spawn().await;
+    let api = Api::start(&app).await;
+    let resp = api
+        .client
+        .post(format!("{}/v1/emails", api.base))
+        .json(&app.job("x"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 401);
+    let resp = api
+        .client
+        .get(format!("{}/v1/emails/x/welcome", api.base))
+        .bearer_auth("wrong")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 401);
+    let resp = api
+        .client
+        .get(format!("{}/healthz", api.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 200);
+    let resp = api
+        .client
+        .get(format!("{}/readyz", api.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        resp.status().as_u16(),
+        200,
+        "{}",
+        resp.text().await.unwrap()
+    );
+}
+
+#[tokio::test]
+async fn the_status_endpoint_walks_through_the_states_of_a_real_job() {
+    let app = TestApp::spawn_with(&["--fail", "DATA:451:1"]).await;
+    let api = Api::start(&app).await;
+    let (code, _) = api.post(Some("walk-1"), &body_without_id(&app)).await;
+    assert_eq!(code, 202);
+    assert_eq!(api.status("walk-1", "welcome").await["state"], "queued");
+
+    let relay = app.start_relay(&[]);
+    eventually("published", || async {
+        (api.status("walk-1", "welcome").await["state"] == "published").then_some(())
+    })
+    .await;
+    let worker = app.start_worker(&[]);
+    let sent = eventually("sent", || async {
+        let s = api.status("walk-1", "welcome").await;
+        (s["state"] == "sent").then_some(s)
+    })
+    .await;
+    assert_eq!(sent["attempts"], 2, "the first attempt met a 451");
+    assert!(sent["smtp_reply"].as_str().unwrap().starts_with("250"));
+    assert!(sent["sent_at"].is_string());
+    relay.stop().await;
+    worker.stop().await;
+    let missing = api
+        .client
+        .get(format!("{}/v1/emails/nope/welcome", api.base))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(missing.status().as_u16(), 404);
+}
+
+#[test]
+fn an_unauthenticated_api_refuses_to_listen_beyond_loopback() {
+    let public: std::net::SocketAddr = "0.0.0.0:8080".parse().unwrap();
+    let local: std::net::SocketAddr = "127.0.0.1:8080".parse().unwrap();
+    assert!(http::check_exposure(&public, None).is_err());
+    assert!(http::check_exposure(&public, Some(TOKEN)).is_ok());
+    assert!(http::check_exposure(&local, None).is_ok());
+}
