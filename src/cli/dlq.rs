@@ -1,0 +1,309 @@
+//! `mailroom dlq list | show | replay | purge`: the dead-letter queue for operators. Thin: parse,
+//! call [`crate::dlq`], print ([`super::dlq_print`]: aligned lines, or `--json` for scripts).
+
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use chrono::{DateTime, Utc};
+use clap::{ArgGroup, Args, Subcommand};
+
+use super::dlq_print as print;
+use super::{BrokerArgs, DatabaseArgs};
+use crate::config::{self, SecretUrl};
+use crate::db::Database;
+use crate::dlq::{DeadLetters, Filter, Progress, Report, Selection};
+use crate::render::Templates;
+
+/// How often progress is redrawn on a terminal.
+const PROGRESS_EVERY: Duration = Duration::from_millis(100);
+
+#[derive(Debug, Args)]
+pub struct DlqArgs {
+    #[command(subcommand)]
+    pub command: DlqCommand,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum DlqCommand {
+    /// Browse the dead letters without removing or reordering any.
+    List(ListArgs),
+    /// One job's dead letters in full: the job, every header, x-death, and its ledger row.
+    Show(ShowArgs),
+    /// Republish dead letters through the main exchange with confirms, then remove them.
+    Replay(Box<ReplayArgs>),
+    /// Remove dead letters for good.
+    Purge(PurgeArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct ListArgs {
+    #[command(flatten)]
+    pub broker: BrokerArgs,
+    /// Only this kind (template).
+    #[arg(long)]
+    pub kind: Option<String>,
+    /// Only this class: invalid, template, rejected, exhausted, uncertain, poison, broker.
+    #[arg(long)]
+    pub class: Option<String>,
+    /// Failed at or after: an RFC 3339 time (2026-11-30T12:00:00Z) or a duration ago (2h, 30m).
+    #[arg(long, value_parser = parse_since)]
+    pub since: Option<DateTime<Utc>>,
+    /// Only those whose reason or job id contains this text.
+    #[arg(long)]
+    pub grep: Option<String>,
+    /// Count by kind and by reason instead of listing.
+    #[arg(long)]
+    pub summary: bool,
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct ShowArgs {
+    #[command(flatten)]
+    pub broker: BrokerArgs,
+    #[command(flatten)]
+    pub db: DatabaseArgs,
+    /// The job id.
+    pub id: String,
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+#[command(group(ArgGroup::new("selection").required(true).args(["ids", "kind", "class", "all"])))]
+pub struct ReplayArgs {
+    #[command(flatten)]
+    pub broker: BrokerArgs,
+    /// Job ids to replay.
+    pub ids: Vec<String>,
+    /// Every dead letter of this kind.
+    #[arg(long)]
+    pub kind: Option<String>,
+    /// Every dead letter of this class.
+    #[arg(long)]
+    pub class: Option<String>,
+    /// Every dead letter.
+    #[arg(long)]
+    pub all: bool,
+    /// Render the selection against today's templates and show what would be sent; publish
+    /// and remove nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// Template directory, for --dry-run.
+    #[arg(long, env = "MAILROOM_TEMPLATES", default_value = "./templates")]
+    pub templates: PathBuf,
+    /// Database, for --dry-run (optional): marks the jobs already sent, which a replay skips.
+    #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
+    pub database_url: Option<SecretUrl>,
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+#[command(group(ArgGroup::new("selection").required(true).args(["ids", "kind", "all"])))]
+pub struct PurgeArgs {
+    #[command(flatten)]
+    pub broker: BrokerArgs,
+    /// Job ids to purge.
+    pub ids: Vec<String>,
+    /// Every dead letter of this kind.
+    #[arg(long)]
+    pub kind: Option<String>,
+    /// Every dead letter.
+    #[arg(long)]
+    pub all: bool,
+    /// Confirms that the selected dead letters are deleted for good.
+    #[arg(long)]
+    pub yes: bool,
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `2h` → two hours ago; otherwise an RFC 3339 time.
+pub fn parse_since(s: &str) -> Result<DateTime<Utc>, String> {
+    if let Ok(at) = DateTime::parse_from_rfc3339(s.trim()) {
+        return Ok(at.with_timezone(&Utc));
+    }
+    let ago = config::parse_duration(s)
+        .map_err(|_| format!("{s:?} is neither an RFC 3339 time nor a duration like 2h"))?;
+    let ago = chrono::Duration::from_std(ago).map_err(|e| e.to_string())?;
+    Ok(Utc::now() - ago)
+}
+
+fn selection(ids: &[String], kind: &Option<String>, class: &Option<String>) -> Selection {
+    match (kind, class) {
+        (Some(k), _) => Selection::Kind(k.clone()),
+        (None, Some(c)) => Selection::Class(c.clone()),
+        _ if !ids.is_empty() => Selection::Ids(ids.to_vec()),
+        _ => Selection::All,
+    }
+}
+
+impl DlqArgs {
+    pub async fn run(&self) -> anyhow::Result<()> {
+        let broker = match &self.command {
+            DlqCommand::List(a) => &a.broker,
+            DlqCommand::Show(a) => &a.broker,
+            DlqCommand::Replay(a) => &a.broker,
+            DlqCommand::Purge(a) => &a.broker,
+        };
+        let dlq = DeadLetters::connect(&broker.amqp_url, broker.topology(), "mailroom dlq").await?;
+        let result = match &self.command {
+            DlqCommand::List(a) => list(&dlq, a).await,
+            DlqCommand::Show(a) => show(&dlq, a).await,
+            DlqCommand::Replay(a) if a.dry_run => dry_run(&dlq, a).await,
+            DlqCommand::Replay(a) => {
+                let sel = selection(&a.ids, &a.kind, &a.class);
+                let report = dlq.replay(&sel, &mut progress("replaying")).await;
+                finish(&dlq, &sel, report, a.json)
+            }
+            DlqCommand::Purge(a) => purge(&dlq, a).await,
+        };
+        dlq.close().await;
+        result
+    }
+}
+
+async fn list(dlq: &DeadLetters, a: &ListArgs) -> anyhow::Result<()> {
+    let filter = Filter {
+        kind: a.kind.clone(),
+        class: a.class.clone(),
+        since: a.since,
+        grep: a.grep.clone(),
+    };
+    let entries = dlq.list(&filter).await?;
+    match (a.summary, a.json) {
+        (true, true) => print::json(&crate::dlq::summarize(&entries)),
+        (true, false) => print::summary(&crate::dlq::summarize(&entries)),
+        (false, true) => print::json(&entries),
+        (false, false) => print::entries(&entries, dlq.dead_queue()),
+    }
+}
+
+async fn show(dlq: &DeadLetters, a: &ShowArgs) -> anyhow::Result<()> {
+    let db = Database::connect_lazy(&a.db.database_url, 1)?;
+    let details = dlq.show(&a.id, Some(&db)).await;
+    db.close().await;
+    let details = details?;
+    if details.is_empty() {
+        anyhow::bail!(
+            "no dead letter with job id {:?} in {}",
+            a.id,
+            dlq.dead_queue()
+        );
+    }
+    if a.json {
+        print::json(&details)
+    } else {
+        print::details(&details)
+    }
+}
+
+async fn dry_run(dlq: &DeadLetters, a: &ReplayArgs) -> anyhow::Result<()> {
+    let dir = std::path::absolute(&a.templates)
+        .with_context(|| format!("template directory {}", a.templates.display()))?;
+    let templates = Templates::load(&dir)
+        .with_context(|| format!("loading templates from {}", dir.display()))?;
+    let db = match &a.database_url {
+        Some(url) => Some(Database::connect_lazy(url, 1)?),
+        None => None,
+    };
+    let sel = selection(&a.ids, &a.kind, &a.class);
+    let previews = dlq.dry_run(&sel, &templates, db.as_ref()).await;
+    if let Some(db) = db {
+        db.close().await;
+    }
+    let previews = previews?;
+    if a.json {
+        print::json(&previews)
+    } else {
+        print::previews(&previews)
+    }
+}
+
+async fn purge(dlq: &DeadLetters, a: &PurgeArgs) -> anyhow::Result<()> {
+    if !a.yes {
+        anyhow::bail!(
+            "purge deletes dead letters from {} for good; add --yes to confirm",
+            dlq.dead_queue()
+        );
+    }
+    let sel = selection(&a.ids, &a.kind, &None);
+    let report = dlq.purge(&sel, &mut progress("purging")).await;
+    finish(dlq, &sel, report, a.json)
+}
+
+/// Prints the counts; an early stop, a failed publish or an unknown id exits ≠ 0.
+fn finish(
+    dlq: &DeadLetters,
+    sel: &Selection,
+    report: anyhow::Result<Report>,
+    json: bool,
+) -> anyhow::Result<()> {
+    let report = report?;
+    if json {
+        print::json(&report)?;
+    } else {
+        print::report(&report);
+    }
+    if let Some(why) = &report.interrupted {
+        anyhow::bail!(
+            "stopped early: {why}; the dead letters not reached stay in {}",
+            dlq.dead_queue()
+        );
+    }
+    let failed: usize = report
+        .skipped
+        .iter()
+        .filter(|(why, _)| why.as_str() != "not selected")
+        .map(|(_, n)| n)
+        .sum();
+    if failed > 0 {
+        anyhow::bail!(
+            "{failed} selected dead letters stay in {}",
+            dlq.dead_queue()
+        );
+    }
+    if matches!(sel, Selection::Ids(_)) && report.moved + report.purged == 0 {
+        anyhow::bail!("no dead letter with those job ids in {}", dlq.dead_queue());
+    }
+    Ok(())
+}
+
+/// Progress on stderr, redrawn in place, only when stderr is a terminal.
+fn progress(what: &'static str) -> impl FnMut(Progress) {
+    let tty = std::io::stderr().is_terminal();
+    let mut last: Option<Instant> = None;
+    move |p: Progress| {
+        let due = last.is_none_or(|t| t.elapsed() >= PROGRESS_EVERY) || p.done == p.total;
+        if tty && due {
+            eprint!("\r{what} {}/{}", p.done, p.total);
+            if p.done == p.total {
+                eprintln!();
+            }
+            last = Some(Instant::now());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn since_reads_a_duration_ago_or_an_rfc3339_time() {
+        let two_hours_ago = parse_since("2h").unwrap();
+        let delta = Utc::now() - two_hours_ago;
+        assert!((delta.num_seconds() - 7200).abs() < 5, "{delta}");
+        assert_eq!(
+            parse_since("2026-11-30T12:00:00+01:00")
+                .unwrap()
+                .to_rfc3339(),
+            "2026-11-30T11:00:00+00:00"
+        );
+        assert!(parse_since("yesterday").is_err());
+    }
+}

@@ -1,0 +1,274 @@
+//! The dead-letter queue `<ns>.dead`: list, show, replay and purge, as plain async functions
+//! returning data, shared by the CLI (`mailroom dlq …`) and the HTTP API.
+//!
+//! Nothing here loses or reorders a dead letter it does not mean to touch: every operation is
+//! one [`pass`] that takes each message unacknowledged and lets the broker requeue the untouched
+//! ones in place when the pass ends, or when the process dies.
+//!
+//! - [`DeadLetters::list`]: one [`Entry`] per message (masked recipient, class, reason, …),
+//!   filtered by a [`Filter`]; [`summarize`] counts them by kind and reason.
+//! - [`DeadLetters::show`]: the whole job, every header, `x-death`, and the ledger row.
+//! - [`DeadLetters::replay`]: republish the [`Selection`] through the main exchange with
+//!   confirms, then remove it (at-least-once: a crash in between duplicates, never loses). The
+//!   copy carries `x-mailroom-replay`, which lets the worker claim a `dead` or `uncertain` row
+//!   one more time; a `sent` row is never claimed again, so a replay never sends twice.
+//! - [`DeadLetters::dry_run`]: render the selection against today's templates, change nothing.
+//! - [`DeadLetters::purge`]: remove the selection for good.
+
+mod letter;
+mod pass;
+mod sweep;
+
+use std::collections::BTreeMap;
+
+use chrono::{DateTime, Utc};
+use lapin::Connection;
+use serde::Serialize;
+use serde_json::Value;
+
+use crate::broker::{self, Topology};
+use crate::config::UrlList;
+use crate::db::{Database, Notification};
+
+pub use letter::Death;
+pub use sweep::{Preview, Progress, Report};
+
+/// One dead letter, as a listing shows it.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Entry {
+    /// 1-based position in the queue when it was read.
+    pub position: usize,
+    pub job_id: String,
+    pub kind: String,
+    /// The first recipient, masked (`a***@example.com +1`); `?` when the body has none.
+    pub recipient: String,
+    /// `invalid`, `template`, `rejected`, `exhausted`, `uncertain` (set by the worker), `poison`
+    /// (the broker's delivery limit), `broker` (other broker dead-lettering) or `unknown`.
+    pub class: String,
+    /// Why it died, with any email address masked.
+    pub reason: String,
+    pub attempts: Option<i64>,
+    pub failed_at: Option<DateTime<Utc>>,
+    /// How many times it was replayed before.
+    pub replays: i64,
+}
+
+/// Which dead letters a listing shows; every field set must match.
+#[derive(Clone, Debug, Default)]
+pub struct Filter {
+    pub kind: Option<String>,
+    pub class: Option<String>,
+    /// Failed at or after this instant (messages without a failure time never match).
+    pub since: Option<DateTime<Utc>>,
+    /// Substring of the reason or the job id.
+    pub grep: Option<String>,
+}
+
+impl Filter {
+    pub fn matches(&self, e: &Entry) -> bool {
+        self.kind.as_ref().is_none_or(|k| *k == e.kind)
+            && self.class.as_ref().is_none_or(|c| *c == e.class)
+            && self
+                .since
+                .is_none_or(|since| e.failed_at.is_some_and(|at| at >= since))
+            && self
+                .grep
+                .as_ref()
+                .is_none_or(|g| e.reason.contains(g.as_str()) || e.job_id.contains(g.as_str()))
+    }
+}
+
+/// Which dead letters a replay or purge takes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Selection {
+    /// These job ids (every dead letter of each).
+    Ids(Vec<String>),
+    Kind(String),
+    Class(String),
+    All,
+}
+
+impl Selection {
+    pub fn matches(&self, e: &Entry) -> bool {
+        match self {
+            Selection::Ids(ids) => ids.contains(&e.job_id),
+            Selection::Kind(k) => *k == e.kind,
+            Selection::Class(c) => *c == e.class,
+            Selection::All => true,
+        }
+    }
+}
+
+/// Counts of a listing.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct Summary {
+    pub total: usize,
+    pub by_kind: BTreeMap<String, usize>,
+    /// Most frequent first.
+    pub by_reason: Vec<ReasonCount>,
+}
+
+/// How many dead letters share one class and reason.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct ReasonCount {
+    pub class: String,
+    pub reason: String,
+    pub count: usize,
+}
+
+/// Counts entries by kind and by (class, reason).
+pub fn summarize(entries: &[Entry]) -> Summary {
+    let mut by_kind = BTreeMap::new();
+    let mut reasons: BTreeMap<(&str, &str), usize> = BTreeMap::new();
+    for e in entries {
+        *by_kind.entry(e.kind.clone()).or_default() += 1;
+        *reasons.entry((&e.class, &e.reason)).or_default() += 1;
+    }
+    let mut by_reason: Vec<ReasonCount> = reasons
+        .into_iter()
+        .map(|((class, reason), count)| ReasonCount {
+            class: class.to_owned(),
+            reason: reason.to_owned(),
+            count,
+        })
+        .collect();
+    by_reason.sort_by_key(|r| std::cmp::Reverse(r.count));
+    Summary {
+        total: entries.len(),
+        by_kind,
+        by_reason,
+    }
+}
+
+/// One dead letter in full, as `show` gives it.
+#[derive(Clone, Debug, Serialize)]
+pub struct Detail {
+    pub entry: Entry,
+    /// The body as JSON, or as text when it is not JSON.
+    pub job: Value,
+    /// Every AMQP header (`x-mailroom-*`, `x-death`, …), tables as objects.
+    pub headers: serde_json::Map<String, Value>,
+    /// `x-death`, parsed, newest first.
+    pub deaths: Vec<Death>,
+    pub routing_key: String,
+    /// The job's `sent_notifications` row, if any (and if a database was given).
+    pub notification: Option<Row>,
+}
+
+/// A `sent_notifications` row, for display.
+#[derive(Clone, Debug, Serialize)]
+pub struct Row {
+    pub status: String,
+    pub attempts: i32,
+    pub message_id: String,
+    pub smtp_reply: Option<String>,
+    pub last_error: Option<String>,
+    pub created_at: DateTime<Utc>,
+    pub updated_at: DateTime<Utc>,
+    pub sent_at: Option<DateTime<Utc>>,
+}
+
+impl From<Notification> for Row {
+    fn from(n: Notification) -> Row {
+        Row {
+            status: n.status.to_string(),
+            attempts: n.attempts,
+            message_id: n.message_id,
+            smtp_reply: n.smtp_reply,
+            last_error: n.last_error,
+            created_at: n.created_at,
+            updated_at: n.updated_at,
+            sent_at: n.sent_at,
+        }
+    }
+}
+
+/// A connection to the broker for dead-letter operations.
+pub struct DeadLetters {
+    conn: Connection,
+    topology: Topology,
+}
+
+impl DeadLetters {
+    /// Connects (named `name` in `rabbitmqctl list_connections`) and declares the topology.
+    pub async fn connect(
+        urls: &UrlList,
+        topology: Topology,
+        name: &str,
+    ) -> anyhow::Result<DeadLetters> {
+        let conn = broker::connect(urls, name).await?;
+        let setup = conn.create_channel().await?;
+        broker::declare_topology(&setup, &topology).await?;
+        let _ = setup.close(200, "declared".into()).await;
+        Ok(DeadLetters { conn, topology })
+    }
+
+    /// The dead-letter queue these operations work on.
+    pub fn dead_queue(&self) -> &str {
+        &self.topology.dead
+    }
+
+    /// Every dead letter matching `filter`, in queue order; the queue is left as it was.
+    pub async fn list(&self, filter: &Filter) -> anyhow::Result<Vec<Entry>> {
+        let mut pass = pass::Pass::open(&self.conn, &self.topology.dead).await?;
+        let mut entries = Vec::new();
+        let mut position = 0;
+        let result = async {
+            while let Some(d) = pass.next().await? {
+                position += 1;
+                let e = letter::entry(position, &d);
+                if filter.matches(&e) {
+                    entries.push(e);
+                }
+            }
+            anyhow::Ok(())
+        }
+        .await;
+        pass.close().await;
+        result.map(|()| entries)
+    }
+
+    /// Every dead letter of `job_id` in full, with its ledger row when `db` is given.
+    pub async fn show(&self, job_id: &str, db: Option<&Database>) -> anyhow::Result<Vec<Detail>> {
+        let mut pass = pass::Pass::open(&self.conn, &self.topology.dead).await?;
+        let mut found = Vec::new();
+        let mut position = 0;
+        let result = async {
+            while let Some(d) = pass.next().await? {
+                position += 1;
+                let entry = letter::entry(position, &d);
+                if entry.job_id == job_id {
+                    found.push(Detail {
+                        job: serde_json::from_slice(&d.data).unwrap_or_else(|_| {
+                            Value::String(String::from_utf8_lossy(&d.data).into_owned())
+                        }),
+                        headers: letter::headers_json(&d.properties),
+                        deaths: letter::deaths(&d.properties),
+                        routing_key: d.routing_key.to_string(),
+                        notification: None,
+                        entry,
+                    });
+                }
+            }
+            anyhow::Ok(())
+        }
+        .await;
+        pass.close().await;
+        result?;
+        if let Some(db) = db {
+            for detail in &mut found {
+                let e = &detail.entry;
+                detail.notification = db.notification(&e.job_id, &e.kind).await?.map(Row::from);
+            }
+        }
+        Ok(found)
+    }
+
+    /// Closes the connection.
+    pub async fn close(self) {
+        let _ = self.conn.close(200, "done".into()).await;
+    }
+}
+
+#[cfg(test)]
+mod tests;

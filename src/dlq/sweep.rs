@@ -1,0 +1,232 @@
+//! Replay, purge and dry run: passes that act on a [`Selection`] and leave every other dead
+//! letter where it was. A replay publishes a copy with confirms *before* it removes the dead
+//! letter, so a crash in between leaves the job in both places (the claim deduplicates), never in
+//! neither.
+
+use std::collections::BTreeMap;
+
+use anyhow::Context;
+use lapin::{Channel, message::Delivery};
+use serde::Serialize;
+
+use super::{DeadLetters, Entry, Selection, letter, pass::Pass};
+use crate::broker;
+use crate::db::Database;
+use crate::job::{EmailJob, mask_email};
+use crate::render::Templates;
+
+/// What a replay or purge did.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct Report {
+    /// Dead letters looked at: at most the queue's length when the pass began.
+    pub examined: usize,
+    /// Republished to the main exchange (confirmed) and removed.
+    pub moved: usize,
+    pub purged: usize,
+    /// Dead letters left in the queue, counted by why (`not selected`, `publish failed: …`).
+    pub skipped: BTreeMap<String, usize>,
+    /// Why the pass stopped early, if it did; the messages not reached stay in the queue.
+    pub interrupted: Option<String>,
+}
+
+impl Report {
+    fn skip(&mut self, why: impl Into<String>) {
+        *self.skipped.entry(why.into()).or_default() += 1;
+    }
+}
+
+/// How far a long operation got: `done` of at most `total` messages.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Progress {
+    pub done: usize,
+    pub total: usize,
+}
+
+/// What replaying one dead letter would send, rendered with today's templates.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Preview {
+    pub job_id: String,
+    pub kind: String,
+    pub locale: Option<String>,
+    /// Every recipient (to, cc, bcc), masked.
+    pub recipients: Vec<String>,
+    pub subject: Option<String>,
+    /// Why it would fail again: an invalid job or a render error (file, line, variable).
+    pub error: Option<String>,
+    /// The ledger row's status, when a database was given: `sent` means nothing would be sent.
+    pub status: Option<String>,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Action {
+    Replay,
+    Purge,
+}
+
+impl DeadLetters {
+    /// Republishes the selected dead letters through the main exchange (routing key = kind) with
+    /// confirms, each removed from the dead-letter queue only after its confirm.
+    pub async fn replay(
+        &self,
+        selection: &Selection,
+        progress: &mut dyn FnMut(Progress),
+    ) -> anyhow::Result<Report> {
+        self.sweep(selection, Action::Replay, progress).await
+    }
+
+    /// Removes the selected dead letters for good.
+    pub async fn purge(
+        &self,
+        selection: &Selection,
+        progress: &mut dyn FnMut(Progress),
+    ) -> anyhow::Result<Report> {
+        self.sweep(selection, Action::Purge, progress).await
+    }
+
+    /// Renders the selected dead letters against `templates` and reports what a replay would
+    /// send; publishes nothing and leaves the queue as it was.
+    pub async fn dry_run(
+        &self,
+        selection: &Selection,
+        templates: &Templates,
+        db: Option<&Database>,
+    ) -> anyhow::Result<Vec<Preview>> {
+        let mut pass = Pass::open(&self.conn, &self.topology.dead).await?;
+        let mut previews = Vec::new();
+        let mut position = 0;
+        let result = async {
+            while let Some(d) = pass.next().await? {
+                position += 1;
+                let entry = letter::entry(position, &d);
+                if selection.matches(&entry) {
+                    previews.push(preview(&entry, &d.data, templates));
+                }
+            }
+            anyhow::Ok(())
+        }
+        .await;
+        pass.close().await;
+        result?;
+        if let Some(db) = db {
+            for p in &mut previews {
+                let row = db
+                    .notification(&p.job_id, &p.kind)
+                    .await
+                    .with_context(|| format!("reading the ledger row of {}", p.job_id))?;
+                p.status = row.map(|r| r.status.to_string());
+            }
+        }
+        Ok(previews)
+    }
+
+    /// Returns the report even when the pass stops early (`interrupted`), so the caller can
+    /// still say what moved; an error means nothing was touched.
+    async fn sweep(
+        &self,
+        selection: &Selection,
+        action: Action,
+        progress: &mut dyn FnMut(Progress),
+    ) -> anyhow::Result<Report> {
+        let mut pass = Pass::open(&self.conn, &self.topology.dead).await?;
+        let mut publisher = match action {
+            Action::Replay => Some(broker::confirm_channel(&self.conn).await?),
+            Action::Purge => None,
+        };
+        let total = pass.total();
+        let mut report = Report::default();
+        let result = async {
+            while let Some(d) = pass.next().await? {
+                report.examined += 1;
+                let entry = letter::entry(report.examined, &d);
+                if !selection.matches(&entry) {
+                    report.skip("not selected");
+                } else if let Some(publisher) = publisher.as_mut() {
+                    self.move_one(publisher, &pass, &d, &entry, &mut report)
+                        .await?;
+                } else {
+                    pass.remove(&d)
+                        .await
+                        .with_context(|| format!("purging {}", entry.job_id))?;
+                    report.purged += 1;
+                }
+                progress(Progress {
+                    done: report.examined,
+                    total,
+                });
+            }
+            anyhow::Ok(())
+        }
+        .await;
+        pass.close().await;
+        if let Some(publisher) = publisher {
+            let _ = publisher.close(200, "replay done".into()).await;
+        }
+        if let Err(e) = result {
+            report.interrupted = Some(format!("{e:#}"));
+        }
+        Ok(report)
+    }
+
+    /// Publish (confirmed), then remove. A failed publish leaves the dead letter in place.
+    async fn move_one(
+        &self,
+        publisher: &mut Channel,
+        pass: &Pass,
+        d: &Delivery,
+        e: &Entry,
+        report: &mut Report,
+    ) -> anyhow::Result<()> {
+        let props = letter::replay_properties(&d.properties);
+        let exchange = &self.topology.exchange;
+        if let Err(err) =
+            broker::publish_confirmed(publisher, exchange, &e.kind, &d.data, props).await
+        {
+            tracing::warn!(job_id = %e.job_id, kind = %e.kind, error = %err, "replay: publish failed; the dead letter stays");
+            report.skip(format!("publish failed: {err}"));
+            if !publisher.status().connected() {
+                *publisher = broker::confirm_channel(&self.conn)
+                    .await
+                    .context("reopening the publishing channel")?;
+            }
+            return Ok(());
+        }
+        report.moved += 1;
+        pass.remove(d).await.with_context(|| {
+            format!(
+                "{} was replayed, but remains in the dead-letter queue too (a second replay is deduplicated)",
+                e.job_id
+            )
+        })
+    }
+}
+
+fn preview(e: &Entry, body: &[u8], templates: &Templates) -> Preview {
+    let mut p = Preview {
+        job_id: e.job_id.clone(),
+        kind: e.kind.clone(),
+        locale: None,
+        recipients: vec![],
+        subject: None,
+        error: None,
+        status: None,
+    };
+    match EmailJob::decode(body) {
+        Err(err) => p.error = Some(format!("invalid job: {err}")),
+        Ok(job) => {
+            let j = &job.job;
+            p.locale = j.locale.clone();
+            p.recipients = job
+                .to
+                .iter()
+                .chain(&job.cc)
+                .chain(&job.bcc)
+                .map(|m| mask_email(m.email.as_ref()))
+                .collect();
+            match templates.render(&j.kind, j.locale.as_deref(), &j.data) {
+                Ok(rendered) => p.subject = Some(rendered.subject),
+                Err(err) => p.error = Some(err.to_string()),
+            }
+        }
+    }
+    p
+}

@@ -1,0 +1,93 @@
+use super::*;
+
+fn entry(job_id: &str, kind: &str, class: &str, reason: &str, hour: u32) -> Entry {
+    Entry {
+        position: 1,
+        job_id: job_id.into(),
+        kind: kind.into(),
+        recipient: "a***@example.com".into(),
+        class: class.into(),
+        reason: reason.into(),
+        attempts: Some(1),
+        failed_at: Some(
+            DateTime::parse_from_rfc3339(&format!("2026-11-30T{hour:02}:00:00Z"))
+                .unwrap()
+                .with_timezone(&Utc),
+        ),
+        replays: 0,
+    }
+}
+
+#[test]
+fn a_filter_matches_only_when_every_field_it_sets_matches() {
+    let e = entry(
+        "order-7",
+        "welcome",
+        "template",
+        "variable \"user\" missing",
+        12,
+    );
+    assert!(Filter::default().matches(&e));
+    let at = |h| Some(entry("", "", "", "", h).failed_at.unwrap());
+    let f = Filter {
+        kind: Some("welcome".into()),
+        class: Some("template".into()),
+        since: at(12),
+        grep: Some("order-".into()),
+    };
+    assert!(f.matches(&e));
+    assert!(
+        !Filter {
+            since: at(13),
+            ..f.clone()
+        }
+        .matches(&e)
+    );
+    assert!(
+        !Filter {
+            kind: Some("x".into()),
+            ..f.clone()
+        }
+        .matches(&e)
+    );
+    assert!(
+        Filter {
+            grep: Some("\"user\"".into()),
+            ..f.clone()
+        }
+        .matches(&e)
+    );
+    assert!(
+        !Filter {
+            grep: Some("nope".into()),
+            ..f
+        }
+        .matches(&e)
+    );
+}
+
+#[test]
+fn a_selection_by_ids_kind_or_class_takes_only_those() {
+    let e = entry("a", "welcome", "rejected", "550", 1);
+    assert!(Selection::Ids(vec!["b".into(), "a".into()]).matches(&e));
+    assert!(!Selection::Ids(vec!["b".into()]).matches(&e));
+    assert!(Selection::Kind("welcome".into()).matches(&e));
+    assert!(!Selection::Class("template".into()).matches(&e));
+    assert!(Selection::All.matches(&e));
+}
+
+#[test]
+fn a_summary_counts_by_kind_and_by_reason_most_frequent_first() {
+    let entries = [
+        entry("1", "welcome", "rejected", "550", 1),
+        entry("2", "welcome", "template", "missing", 1),
+        entry("3", "order", "template", "missing", 1),
+    ];
+    let s = summarize(&entries);
+    assert_eq!(s.total, 3);
+    assert_eq!(s.by_kind["welcome"], 2);
+    assert_eq!(s.by_kind["order"], 1);
+    assert_eq!(s.by_reason[0].reason, "missing");
+    assert_eq!(s.by_reason[0].count, 2);
+    assert_eq!(s.by_reason[1].class, "rejected");
+}
