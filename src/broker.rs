@@ -33,6 +33,9 @@ pub const CONFIRM_TIMEOUT: Duration = Duration::from_secs(10);
 pub const DELAY_HEADER: &str = "x-mailroom-delay";
 pub const KIND_HEADER: &str = "x-mailroom-kind";
 pub const ATTEMPT_HEADER: &str = "x-mailroom-attempt";
+/// Set on a copy replayed from the dead-letter queue (how many times it was replayed): the
+/// worker may then claim a `dead` or `uncertain` row once more (never a `sent` one).
+pub const REPLAY_HEADER: &str = "x-mailroom-replay";
 
 /// The names of every exchange and queue, derived from one namespace so that tests (and
 /// tenants sharing a broker) can run side by side.
@@ -78,6 +81,23 @@ impl Topology {
             .or_else(|| self.retry_delays.last().copied())
             .unwrap_or(Duration::from_secs(5))
     }
+}
+
+/// First wait before reconnecting after a lost session; doubled up to [`RECONNECT_MAX`].
+pub const RECONNECT_MIN: Duration = Duration::from_millis(200);
+/// Longest wait between reconnect attempts: short enough to resume soon after a broker restart.
+pub const RECONNECT_MAX: Duration = Duration::from_secs(10);
+
+/// The reconnect schedule of every long-running process: capped exponential with jitter, reset
+/// by the caller after each successful connection.
+pub fn reconnect_backoff() -> backon::ExponentialBackoff {
+    use backon::BackoffBuilder;
+    backon::ExponentialBuilder::default()
+        .with_min_delay(RECONNECT_MIN)
+        .with_max_delay(RECONNECT_MAX)
+        .with_jitter()
+        .without_max_times()
+        .build()
 }
 
 /// Connects to the first reachable node of `urls`, naming the connection after `name` so

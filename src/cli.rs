@@ -9,6 +9,11 @@ use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
 use lettre::message::Mailbox;
 
+mod dlq;
+mod dlq_print;
+pub mod outbox;
+mod templates;
+
 use crate::broker::{self, Topology};
 use crate::config::{self, Delays, OnUncertain, SecretUrl, UrlList};
 use crate::db::Database;
@@ -44,6 +49,20 @@ pub enum Command {
     /// Publish one job straight to the broker (with confirms), bypassing the outbox: for smoke
     /// tests and for producers without a database.
     Publish(PublishArgs),
+    /// Publish the outbox to the broker: claim unpublished rows, publish with confirms, mark.
+    Relay(outbox::RelayArgs),
+    /// The HTTP API: enqueue jobs, read their status, health and readiness.
+    Serve(outbox::ServeArgs),
+    /// Relay, worker and HTTP API in one process: the default on a single machine.
+    Run(Box<outbox::RunArgs>),
+    /// Write one job to the outbox in its own transaction (shell scripts and smoke tests).
+    Enqueue(outbox::EnqueueArgs),
+    /// Show what became of a job: queued, published, sending, sent, failed, uncertain, dead.
+    Status(outbox::StatusArgs),
+    /// The dead-letter queue: list, show, replay or purge dead letters without losing any.
+    Dlq(dlq::DlqArgs),
+    /// Check every template against its sample data, or preview one.
+    Templates(templates::TemplatesArgs),
 }
 
 #[derive(Debug, Args)]
@@ -196,12 +215,7 @@ pub struct PublishArgs {
 
 impl PublishArgs {
     async fn run(&self) -> anyhow::Result<()> {
-        let data = match self.data.strip_prefix('@') {
-            Some(path) => {
-                std::fs::read_to_string(path).with_context(|| format!("reading {path}"))?
-            }
-            None => self.data.clone(),
-        };
+        let data = read_data(&self.data)?;
         let job = EmailJob {
             job_id: self
                 .job_id
@@ -213,7 +227,7 @@ impl PublishArgs {
             bcc: vec![],
             reply_to: None,
             locale: self.locale.clone(),
-            data: serde_json::from_str(&data).context("--data is not JSON")?,
+            data,
             headers: Default::default(),
             created_at: Some(chrono::Utc::now()),
         };
@@ -229,6 +243,15 @@ impl PublishArgs {
         println!("{}", job.job_id);
         Ok(())
     }
+}
+
+/// Reads `--data`: a JSON object inline, or `@path` to a file holding one.
+fn read_data(arg: &str) -> anyhow::Result<serde_json::Value> {
+    let text = match arg.strip_prefix('@') {
+        Some(path) => std::fs::read_to_string(path).with_context(|| format!("reading {path}"))?,
+        None => arg.to_string(),
+    };
+    serde_json::from_str(&text).context("--data is not JSON")
 }
 
 impl Cli {
@@ -247,6 +270,13 @@ impl Cli {
                 args.build()?.run(shutdown).await
             }
             Command::Publish(args) => args.run().await,
+            Command::Relay(args) => args.run().await,
+            Command::Run(args) => args.run().await,
+            Command::Serve(args) => args.run().await,
+            Command::Enqueue(args) => args.run().await,
+            Command::Status(args) => args.run().await,
+            Command::Dlq(args) => args.run().await,
+            Command::Templates(args) => args.run(),
         }
     }
 }

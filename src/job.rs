@@ -75,6 +75,16 @@ pub enum JobError {
     Invalid { field: String, reason: String },
 }
 
+/// Names the field a decoding error happened at, when there is one (`to[0]: invalid type…`).
+fn malformed<E: std::fmt::Display>(e: serde_path_to_error::Error<E>) -> JobError {
+    let path = e.path().to_string();
+    if path == "." {
+        JobError::Malformed(e.inner().to_string())
+    } else {
+        JobError::Malformed(format!("{path}: {}", e.inner()))
+    }
+}
+
 fn invalid(field: impl Into<String>, reason: impl Into<String>) -> JobError {
     JobError::Invalid {
         field: field.into(),
@@ -91,8 +101,14 @@ impl EmailJob {
                 max: MAX_JOB_BYTES,
             });
         }
-        let job: EmailJob =
-            serde_json::from_slice(body).map_err(|e| JobError::Malformed(e.to_string()))?;
+        let de = &mut serde_json::Deserializer::from_slice(body);
+        let job: EmailJob = serde_path_to_error::deserialize(de).map_err(malformed)?;
+        job.validate()
+    }
+
+    /// Decodes and validates a job already parsed as JSON (the HTTP API's body).
+    pub fn from_value(value: serde_json::Value) -> Result<ValidJob, JobError> {
+        let job: EmailJob = serde_path_to_error::deserialize(value).map_err(malformed)?;
         job.validate()
     }
 

@@ -4,10 +4,12 @@
 //! The modules follow one message:
 //! - [`job`]: the job a producer writes, and its validation;
 //! - [`broker`]: RabbitMQ topology, connections and confirmed publishing;
+//! - [`relay`]: outbox → broker with confirms, woken by LISTEN/NOTIFY;
 //! - [`worker`]: consume → claim → render → send → record → ack;
-//! - [`db`]: the claim ledger `sent_notifications` (and, later, the outbox);
+//! - [`db`]: the claim ledger `sent_notifications` and the outbox `mailroom_outbox`;
 //! - [`render`]: Handlebars templates → subject, text and HTML;
 //! - [`smtp`]: MIME building, the deterministic Message-ID, sending and error classes;
+//! - [`dlq`]: the dead-letter queue: list, show, replay, purge;
 //! - [`config`], [`cli`], [`telemetry`], [`shutdown`]: the process around them;
 //! - [`failpoint`]: crash points for the fault tests.
 
@@ -15,10 +17,14 @@ pub mod broker;
 pub mod cli;
 pub mod config;
 pub mod db;
+pub mod dlq;
 pub mod failpoint;
+pub mod http;
 pub mod job;
+pub mod relay;
 pub mod render;
 pub mod shutdown;
 pub mod smtp;
+pub mod status;
 pub mod telemetry;
 pub mod worker;

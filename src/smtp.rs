@@ -119,45 +119,7 @@ impl Mailer {
 
     /// Builds the MIME message: text and HTML alternatives, the job's headers.
     pub fn build(&self, job: &ValidJob, email: &RenderedEmail) -> Result<Message, BuildError> {
-        let mut b = Message::builder()
-            .from(self.from.clone())
-            .message_id(Some(self.message_id(&job.job.job_id, &job.job.kind)))
-            .subject(email.subject.clone());
-        for to in &job.to {
-            b = b.to(to.clone());
-        }
-        for cc in &job.cc {
-            b = b.cc(cc.clone());
-        }
-        for bcc in &job.bcc {
-            b = b.bcc(bcc.clone());
-        }
-        if let Some(reply_to) = &job.reply_to {
-            b = b.reply_to(reply_to.clone());
-        }
-        for (name, value) in &job.job.headers {
-            let header =
-                HeaderName::new_from_ascii(name.clone()).map_err(|e| BuildError::Header {
-                    name: name.clone(),
-                    reason: e.to_string(),
-                })?;
-            b = b.raw_header(HeaderValue::new(header, value.clone()));
-        }
-        let message = match &email.text {
-            Some(text) => b.multipart(MultiPart::alternative_plain_html(
-                text.clone(),
-                email.html.clone(),
-            ))?,
-            None => b.singlepart(SinglePart::html(email.html.clone()))?,
-        };
-        let size = message.formatted().len();
-        if size > MAX_MESSAGE_BYTES {
-            return Err(BuildError::TooLarge {
-                size,
-                max: MAX_MESSAGE_BYTES,
-            });
-        }
-        Ok(message)
+        build_message(&self.from, &self.message_id_domain, job, email)
     }
 
     /// Sends one message; the `Ok` text is the server's reply, kept in the ledger.
@@ -195,6 +157,59 @@ impl Mailer {
             }),
         }
     }
+}
+
+/// Builds the MIME message of a job: sender, deterministic Message-ID, subject, recipients, the
+/// job's extra headers, and text and HTML alternatives (HTML alone without a text part). Pure:
+/// `templates preview --format eml` uses it without any SMTP server.
+pub fn build_message(
+    from: &Mailbox,
+    message_id_domain: &str,
+    job: &ValidJob,
+    email: &RenderedEmail,
+) -> Result<Message, BuildError> {
+    let mut b = Message::builder()
+        .from(from.clone())
+        .message_id(Some(message_id(
+            &job.job.job_id,
+            &job.job.kind,
+            message_id_domain,
+        )))
+        .subject(email.subject.clone());
+    for to in &job.to {
+        b = b.to(to.clone());
+    }
+    for cc in &job.cc {
+        b = b.cc(cc.clone());
+    }
+    for bcc in &job.bcc {
+        b = b.bcc(bcc.clone());
+    }
+    if let Some(reply_to) = &job.reply_to {
+        b = b.reply_to(reply_to.clone());
+    }
+    for (name, value) in &job.job.headers {
+        let header = HeaderName::new_from_ascii(name.clone()).map_err(|e| BuildError::Header {
+            name: name.clone(),
+            reason: e.to_string(),
+        })?;
+        b = b.raw_header(HeaderValue::new(header, value.clone()));
+    }
+    let message = match &email.text {
+        Some(text) => b.multipart(MultiPart::alternative_plain_html(
+            text.clone(),
+            email.html.clone(),
+        ))?,
+        None => b.singlepart(SinglePart::html(email.html.clone()))?,
+    };
+    let size = message.formatted().len();
+    if size > MAX_MESSAGE_BYTES {
+        return Err(BuildError::TooLarge {
+            size,
+            max: MAX_MESSAGE_BYTES,
+        });
+    }
+    Ok(message)
 }
 
 /// Sorts a lettre error by what it says about delivery. A reply code means the server refused

@@ -15,7 +15,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use backon::{BackoffBuilder, ExponentialBuilder};
 use futures_util::StreamExt;
 use lapin::{
     Channel, Connection,
@@ -34,11 +33,6 @@ use crate::smtp::Mailer;
 
 pub use process::{ErrorClass, Outcome};
 pub use stats::{Snapshot, Stats};
-
-/// First wait before reconnecting to the broker; doubled up to [`RECONNECT_MAX`].
-const RECONNECT_MIN: Duration = Duration::from_millis(200);
-/// Longest wait between reconnect attempts: short enough to resume soon after a broker restart.
-const RECONNECT_MAX: Duration = Duration::from_secs(10);
 
 /// Everything the worker needs to know, resolved from the CLI/environment.
 #[derive(Clone, Debug)]
@@ -82,6 +76,11 @@ impl Worker {
         }
     }
 
+    /// The templates this worker renders with.
+    pub fn templates(&self) -> Arc<Templates> {
+        self.templates.clone()
+    }
+
     /// The worker's counters, live.
     pub fn stats(&self) -> Arc<Stats> {
         self.stats.clone()
@@ -92,7 +91,7 @@ impl Worker {
         let worker = Arc::new(self);
         let slots = Arc::new(Semaphore::new(worker.settings.concurrency.max(1)));
         let tracker = TaskTracker::new();
-        let mut backoff = reconnect_backoff();
+        let mut backoff = broker::reconnect_backoff();
         while !shutdown.is_cancelled() {
             match worker
                 .session(&slots, &tracker, &shutdown, &mut backoff)
@@ -100,7 +99,7 @@ impl Worker {
             {
                 Ok(()) => break,
                 Err(e) => {
-                    let wait = backoff.next().unwrap_or(RECONNECT_MAX);
+                    let wait = backoff.next().unwrap_or(broker::RECONNECT_MAX);
                     tracing::error!(error = format!("{e:#}"), retry_in = ?wait, "broker session ended; reconnecting");
                     tokio::select! {
                         _ = tokio::time::sleep(wait) => {}
@@ -152,7 +151,7 @@ impl Worker {
             )
             .await
             .with_context(|| format!("consuming {}", s.topology.queue))?;
-        *backoff = reconnect_backoff();
+        *backoff = broker::reconnect_backoff();
         tracing::info!(queue = %s.topology.queue, concurrency = s.concurrency, prefetch = s.prefetch, "consuming");
         loop {
             let permit = tokio::select! {
@@ -208,15 +207,6 @@ impl Worker {
         self.settle(publisher, &delivery, outcome).await;
         self.stats.settled();
     }
-}
-
-fn reconnect_backoff() -> backon::ExponentialBackoff {
-    ExponentialBuilder::default()
-        .with_min_delay(RECONNECT_MIN)
-        .with_max_delay(RECONNECT_MAX)
-        .with_jitter()
-        .without_max_times()
-        .build()
 }
 
 async fn close(conn: &Connection, channels: &[&Channel]) {

@@ -3,9 +3,11 @@
 //! every engine are the check (sqlx's compile-time checks cover only one engine).
 //!
 //! - `notifications`: the claim ledger (`sent_notifications`) and its state machine.
-//! - `postgres`: the PostgreSQL statements.
+//! - `postgres`: the PostgreSQL statements of the ledger.
+//! - `outbox`: the transactional outbox (`mailroom_outbox`): enqueue, and the relay's batches.
 
 pub mod notifications;
+pub mod outbox;
 mod postgres;
 
 use std::time::Duration;
@@ -64,6 +66,13 @@ impl Database {
                 .context("applying PostgreSQL migrations")?,
         }
         Ok(())
+    }
+
+    /// The PostgreSQL pool, for the outbox and the relay.
+    pub fn postgres(&self) -> &PgPool {
+        match self {
+            Database::Postgres(pool) => pool,
+        }
     }
 
     /// Closes the pool, waiting for connections in use to be returned.

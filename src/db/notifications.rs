@@ -68,6 +68,9 @@ pub struct ClaimRequest<'a> {
     /// Whether an `uncertain` row, or a `sending` row whose lease expired, may be taken over
     /// (`MAILROOM_ON_UNCERTAIN=resend`).
     pub resend_uncertain: bool,
+    /// A copy replayed from the dead-letter queue: a `dead` or `uncertain` row may be taken over
+    /// (one more claim per replayed copy). A `sent` row never is.
+    pub replay: bool,
 }
 
 /// The answer to a claim.

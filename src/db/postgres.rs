@@ -23,6 +23,7 @@ SET status = 'sending',
 WHERE n.status = 'failed'
    OR ($6 AND n.status = 'sending' AND n.lease_until < now())
    OR ($6 AND n.status = 'uncertain')
+   OR ($7 AND n.status IN ('dead', 'uncertain', 'failed'))
 RETURNING n.attempts";
 
 const READ_CLAIM: &str = "
@@ -40,6 +41,7 @@ pub(super) async fn claim(pool: &PgPool, req: &ClaimRequest<'_>) -> Result<Claim
         .bind(token)
         .bind(req.message_id)
         .bind(req.resend_uncertain)
+        .bind(req.replay)
         .fetch_optional(pool)
         .await?;
     if let Some(attempt) = claimed {

@@ -99,6 +99,8 @@ impl Worker {
             message_id: &message_id,
             lease: self.settings.lease,
             resend_uncertain: self.settings.on_uncertain == OnUncertain::Resend,
+            replay: broker::int_header(&delivery.properties, broker::REPLAY_HEADER)
+                .is_some_and(|n| n > 0),
         };
         let claim = match self.db.claim(&request).await {
             Ok(claim) => claim,

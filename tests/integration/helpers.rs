@@ -44,12 +44,21 @@ fn init_logs() {
 }
 
 /// Polls `check` until it returns `Some`, failing the test after [`PATIENCE`].
-pub async fn eventually<T, F, Fut>(what: &str, mut check: F) -> T
+pub async fn eventually<T, F, Fut>(what: &str, check: F) -> T
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Option<T>>,
 {
-    let deadline = tokio::time::Instant::now() + PATIENCE;
+    eventually_within(PATIENCE, what, check).await
+}
+
+/// [`eventually`] with a patience of its own, for the few tests that move thousands of jobs.
+pub async fn eventually_within<T, F, Fut>(patience: Duration, what: &str, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = tokio::time::Instant::now() + patience;
     loop {
         if let Some(v) = check().await {
             return v;
@@ -117,8 +126,10 @@ impl SmtpServer {
     /// Everything accepted so far.
     pub fn received(&self) -> Vec<Received> {
         match std::fs::read_to_string(&self.log) {
+            // The last line may still be being written: take complete lines only.
             Ok(text) => text
-                .lines()
+                .split_inclusive('\n')
+                .filter(|l| l.ends_with('\n'))
                 .map(|l| serde_json::from_str(l).unwrap())
                 .collect(),
             Err(_) => vec![],
@@ -127,10 +138,18 @@ impl SmtpServer {
 
     /// Waits until at least `n` emails were accepted, and returns them all.
     pub async fn wait_for(&self, n: usize) -> Vec<Received> {
-        eventually(&format!("{n} emails at the SMTP server"), || async {
-            let got = self.received();
-            (got.len() >= n).then_some(got)
-        })
+        self.wait_for_within(n, PATIENCE).await
+    }
+
+    pub async fn wait_for_within(&self, n: usize, patience: Duration) -> Vec<Received> {
+        eventually_within(
+            patience,
+            &format!("{n} emails at the SMTP server"),
+            || async {
+                let got = self.received();
+                (got.len() >= n).then_some(got)
+            },
+        )
         .await
     }
 
@@ -550,4 +569,187 @@ async fn rabbitmqctl(args: &[&str]) {
         "rabbitmqctl {args:?}: {}",
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+/// A relay running inside the test process.
+pub struct RunningRelay {
+    pub stats: Arc<mailroom::relay::RelayStats>,
+    pub shutdown: CancellationToken,
+    task: Option<tokio::task::JoinHandle<anyhow::Result<()>>>,
+}
+
+impl RunningRelay {
+    pub async fn stop(mut self) {
+        self.shutdown.cancel();
+        if let Some(task) = self.task.take() {
+            task.await.unwrap().unwrap();
+        }
+    }
+
+    pub fn published(&self) -> u64 {
+        self.stats
+            .published
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+}
+
+impl Drop for RunningRelay {
+    fn drop(&mut self) {
+        self.shutdown.cancel();
+    }
+}
+
+impl TestApp {
+    /// The relay's command line (after `mailroom relay`).
+    pub fn relay_args(&self, extra: &[&str]) -> Vec<String> {
+        let mut args: Vec<String> = [
+            "--database-url",
+            &self.db_url,
+            "--amqp-url",
+            &self.amqp_url,
+            "--namespace",
+            &self.namespace,
+            "--retry-delays",
+            TEST_RETRY_DELAYS,
+            "--relay-poll",
+            "1s",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        for pair in extra.chunks(2) {
+            if let Some(at) = args.iter().position(|a| a == pair[0]) {
+                args.drain(at..at + 2);
+            }
+            args.extend(pair.iter().map(|s| s.to_string()));
+        }
+        args
+    }
+
+    /// Starts a relay in this process.
+    pub fn start_relay(&self, extra: &[&str]) -> RunningRelay {
+        let mut argv = vec!["mailroom".to_string(), "relay".to_string()];
+        argv.extend(self.relay_args(extra));
+        let Command::Relay(args) = Cli::try_parse_from(argv).unwrap().command else {
+            unreachable!()
+        };
+        let relay = args.build().unwrap();
+        let stats = relay.stats();
+        let shutdown = CancellationToken::new();
+        let task = tokio::spawn(relay.run(shutdown.clone()));
+        RunningRelay {
+            stats,
+            shutdown,
+            task: Some(task),
+        }
+    }
+
+    /// Starts `mailroom relay` as a real process.
+    pub fn spawn_relay_process(&self, extra: &[&str], env: &[(&str, &str)]) -> Child {
+        Process::new(env!("CARGO_BIN_EXE_mailroom"))
+            .arg("relay")
+            .args(self.relay_args(extra))
+            .envs(env.iter().copied())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(if std::env::var_os("TEST_LOG").is_some() {
+                Stdio::inherit()
+            } else {
+                Stdio::null()
+            })
+            .kill_on_drop(true)
+            .spawn()
+            .expect("start mailroom relay")
+    }
+
+    /// A connection to this test's database.
+    pub async fn pg(&self) -> PgConnection {
+        PgConnection::connect(&self.db_url).await.unwrap()
+    }
+
+    /// The job as the Rust enqueue API takes it.
+    pub fn email_job(&self, job_id: &str) -> mailroom::job::EmailJob {
+        serde_json::from_value(self.job(job_id)).unwrap()
+    }
+
+    /// Rows in the outbox not yet published.
+    pub async fn unpublished(&self) -> i64 {
+        sqlx::query_scalar("SELECT count(*) FROM mailroom_outbox WHERE published_at IS NULL")
+            .fetch_one(&mut self.pg().await)
+            .await
+            .unwrap()
+    }
+}
+
+impl TestApp {
+    /// Deletes the work queue, as an operator's mistake or a broker incident would.
+    pub async fn delete_work_queue(&self) {
+        let ch = self.conn.create_channel().await.unwrap();
+        ch.queue_delete(
+            self.topology.queue.as_str().into(),
+            QueueDeleteOptions::default(),
+        )
+        .await
+        .unwrap();
+    }
+
+    /// Runs `mailroom <args>` against this test's world, returning stdout; fails on exit ≠ 0.
+    pub async fn cli(&self, args: &[&str]) -> String {
+        let out = self.cli_output(args).await;
+        assert!(out.status.success(), "mailroom {args:?}: {}", out.stderr);
+        out.stdout
+    }
+}
+
+/// What a run of the `mailroom` binary printed, and how it ended.
+#[derive(Debug)]
+pub struct CliOutput {
+    pub status: std::process::ExitStatus,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+/// Runs the built `mailroom` binary with `args` and `env` (and nothing from the caller's
+/// environment that mailroom reads).
+pub async fn run_cli(args: &[&str], env: &[(&str, &str)]) -> CliOutput {
+    let mut cmd = Process::new(env!("CARGO_BIN_EXE_mailroom"));
+    for var in [
+        "DATABASE_URL",
+        "AMQP_URL",
+        "MAILROOM_NAMESPACE",
+        "MAILROOM_TEMPLATES",
+        "MAILROOM_FROM",
+        "MAILROOM_MESSAGE_ID_DOMAIN",
+    ] {
+        cmd.env_remove(var);
+    }
+    let out = cmd
+        .args(args)
+        .envs(env.iter().copied())
+        .stdin(Stdio::null())
+        .output()
+        .await
+        .expect("run the mailroom binary");
+    CliOutput {
+        status: out.status,
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}
+
+impl TestApp {
+    /// Runs `mailroom <args>` against this app's broker namespace and database, with the
+    /// shipped templates, through the environment (so any subcommand takes them); unlike
+    /// [`TestApp::cli`], returns the exit status and stderr too, for commands expected to fail.
+    pub async fn cli_output(&self, args: &[&str]) -> CliOutput {
+        let templates = Path::new(env!("CARGO_MANIFEST_DIR")).join("templates");
+        let env = [
+            ("AMQP_URL", self.amqp_url.as_str()),
+            ("MAILROOM_NAMESPACE", self.namespace.as_str()),
+            ("MAILROOM_RETRY_DELAYS", TEST_RETRY_DELAYS),
+            ("DATABASE_URL", self.db_url.as_str()),
+            ("MAILROOM_TEMPLATES", templates.to_str().unwrap()),
+        ];
+        run_cli(args, &env).await
+    }
 }

@@ -10,5 +10,9 @@ mod helpers;
 
 mod crash;
 mod delivery;
+mod dlq;
 mod failures;
+mod http;
 mod lifecycle;
+mod outbox;
+mod templates;

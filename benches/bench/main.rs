@@ -1,0 +1,262 @@
+//! mailroom's benchmark: throughput and latency of real `mailroom worker` processes next to the
+//! raw limits of the same machine, measured in the same run.
+//!
+//! ```text
+//! cargo bench --bench bench -- [--quick] [--n 20000] [--out target/bench] [--workers 1,2,4]
+//! ```
+//! Needs the services of `scripts/services` (RabbitMQ, PostgreSQL, Postfix's smtp-sink).
+//! Prints one table (markdown) and writes `<out>/results.json` and `<out>/bench.svg`; worker
+//! logs go to `<out>/logs/`.
+//!
+//! Order of a run:
+//! 1. raw limits ([`raw`]): broker, database (the worker's claim and record statements), SMTP;
+//! 2. worker only ([`workers::backlog`]): N jobs pre-published to a fresh namespace and
+//!    database, then 1, 2, 4 worker processes drain them into smtp-sink;
+//! 3. the worker path at offered rates ([`workers::paced`]): 500/s and 25/50/90 % of the
+//!    1-process maximum, publish → SMTP accepted;
+//! 4. end to end, relay only, relay idle ([`relay`]): pending until `mailroom relay` exists.
+//!
+//! Under `cargo test --all-targets` (no `--bench` argument) it does nothing, so the test suite
+//! never runs a benchmark.
+
+mod chart;
+mod latency;
+mod procstat;
+mod raw;
+mod relay;
+mod report;
+mod workers;
+mod workload;
+mod world;
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::Context;
+use serde::Serialize;
+
+use crate::world::{Services, SmtpSink};
+
+#[derive(Clone, Debug, Serialize)]
+pub struct Opts {
+    pub quick: bool,
+    /// Jobs per worker-only run.
+    pub n: usize,
+    /// Operations per raw-limit run.
+    pub raw_n: usize,
+    /// Sequential operations for the unloaded latency floors.
+    pub floor_n: usize,
+    /// Worker process counts of the scaling runs.
+    pub workers: Vec<usize>,
+    /// Offered rates as fractions of the 1-process maximum.
+    pub fractions: Vec<f64>,
+    /// Fixed offered rate of the latency target (emails/s).
+    pub target_rate: f64,
+    /// Seconds of offered load per paced run.
+    pub paced_secs: f64,
+    pub out: PathBuf,
+}
+
+impl Opts {
+    fn parse(args: &[String]) -> anyhow::Result<Opts> {
+        let quick = args.iter().any(|a| a == "--quick");
+        let mut opts = Opts {
+            quick,
+            n: if quick { 1_000 } else { 20_000 },
+            raw_n: if quick { 5_000 } else { 20_000 },
+            floor_n: if quick { 100 } else { 300 },
+            workers: if quick { vec![1, 2] } else { vec![1, 2, 4] },
+            fractions: if quick {
+                vec![0.5]
+            } else {
+                vec![0.25, 0.5, 0.9]
+            },
+            target_rate: 500.0,
+            paced_secs: if quick { 2.0 } else { 5.0 },
+            out: PathBuf::from("target/bench"),
+        };
+        let mut it = args.iter();
+        while let Some(arg) = it.next() {
+            let mut value = |name: &str| {
+                it.next()
+                    .cloned()
+                    .with_context(|| format!("{name} needs a value"))
+            };
+            match arg.as_str() {
+                "--quick" | "--bench" => {}
+                "--n" => opts.n = value("--n")?.parse().context("--n")?,
+                "--out" => opts.out = PathBuf::from(value("--out")?),
+                "--workers" => {
+                    opts.workers = value("--workers")?
+                        .split(',')
+                        .map(|w| w.trim().parse())
+                        .collect::<Result<_, _>>()
+                        .context("--workers: a list like 1,2,4")?
+                }
+                "--help" | "-h" => {
+                    println!(
+                        "cargo bench --bench bench -- [--quick] [--n 20000] [--out target/bench] [--workers 1,2,4]"
+                    );
+                    std::process::exit(0);
+                }
+                other => anyhow::bail!("unknown argument {other:?} (try --help)"),
+            }
+        }
+        anyhow::ensure!(opts.n > 0, "--n must be positive");
+        if opts.workers.is_empty() {
+            opts.workers = vec![1];
+        }
+        Ok(opts)
+    }
+}
+
+/// Everything one run measured (`results.json`).
+#[derive(Debug, Serialize)]
+pub struct Results {
+    pub machine: report::Machine,
+    pub opts: Opts,
+    /// `MAILROOM_*` variables the workers inherited (tuning knobs); empty = mailroom defaults.
+    pub worker_env: Vec<(String, String)>,
+    pub started_at: String,
+    pub duration_s: f64,
+    pub raw_broker: raw::RawBroker,
+    pub raw_db: raw::RawDb,
+    pub raw_smtp: raw::RawSmtp,
+    pub worker_runs: Vec<workers::BacklogRun>,
+    pub paced_runs: Vec<workers::PacedRun>,
+    pub relay: relay::RelayFigures,
+}
+
+fn main() -> anyhow::Result<()> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if !args.iter().any(|a| a == "--bench") {
+        println!(
+            "bench: skipped outside `cargo bench` (run `cargo bench --bench bench -- --quick`)"
+        );
+        return Ok(());
+    }
+    let opts = Opts::parse(&args)?;
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?
+        .block_on(run(opts))
+}
+
+fn step(what: &str) {
+    eprintln!("bench: {what}");
+}
+
+async fn run(opts: Opts) -> anyhow::Result<()> {
+    let started = Instant::now();
+    let started_at = chrono::Utc::now().to_rfc3339();
+    std::fs::create_dir_all(&opts.out)
+        .with_context(|| format!("creating {}", opts.out.display()))?;
+    let logs = workers::logs_dir(&opts.out);
+    let loadavg_before = std::fs::read_to_string("/proc/loadavg")
+        .unwrap_or_default()
+        .split_whitespace()
+        .take(3)
+        .collect::<Vec<_>>()
+        .join(" ");
+    let busy_before = procstat::machine_busy(std::time::Duration::from_secs(1)).await;
+    if busy_before > 20.0 {
+        step(&format!(
+            "WARNING: the machine is busy ({busy_before:.0} % CPU, load {loadavg_before}); figures will be pessimistic"
+        ));
+    }
+    let services = Services::from_env();
+    let sink = SmtpSink::start().await?;
+    step(&format!(
+        "smtp-sink on 127.0.0.1:{}; N = {}, raw N = {}, workers {:?}",
+        sink.port, opts.n, opts.raw_n, opts.workers
+    ));
+
+    step("raw limit: SMTP (smtp-sink via lettre, then via smtp-source)");
+    let raw_smtp = raw::smtp(&sink, opts.raw_n, opts.floor_n).await?;
+    step("raw limit: PostgreSQL claim + record");
+    let raw_db =
+        raw::database(&services, opts.raw_n, opts.floor_n, raw::WORKER_CONCURRENCY).await?;
+    step("raw limit: RabbitMQ publish + confirm + consume + ack");
+    let raw_broker = raw::broker(&services, opts.raw_n, opts.floor_n).await?;
+
+    let mut worker_runs = vec![];
+    for &k in &opts.workers {
+        step(&format!(
+            "worker only: {} jobs, {k} worker process(es)",
+            opts.n
+        ));
+        let run =
+            workers::backlog(&services, &sink, &format!("backlog-{k}w"), k, opts.n, &logs).await?;
+        step(&format!(
+            "  {:.0} emails/s, {} sent",
+            run.emails_per_s, run.sent
+        ));
+        worker_runs.push(run);
+    }
+
+    let max_1w = worker_runs
+        .iter()
+        .find(|r| r.workers == 1)
+        .map_or(1000.0, |r| r.emails_per_s);
+    let mut rates: Vec<(String, f64)> =
+        vec![(format!("{:.0}/s", opts.target_rate), opts.target_rate)];
+    for f in &opts.fractions {
+        rates.push((format!("{:.0} % of max", f * 100.0), max_1w * f));
+    }
+    let mut paced_runs = vec![];
+    for (label, rate) in rates {
+        let n = ((rate * opts.paced_secs).round() as usize).max(10);
+        step(&format!(
+            "worker path at {label} ({rate:.0}/s offered, {n} jobs)"
+        ));
+        let mut run = workers::paced(
+            &services,
+            &sink,
+            &format!("paced-{}", rate.round()),
+            rate,
+            n,
+            &logs,
+        )
+        .await?;
+        run.label = label;
+        paced_runs.push(run);
+    }
+
+    let relay = relay::measure(&opts.fractions);
+    if relay::relay_available() {
+        step("`mailroom relay` exists: plug its measurements into benches/bench/relay.rs");
+    }
+    sink.stop().await;
+
+    let results = Results {
+        machine: report::Machine::read(busy_before, loadavg_before),
+        worker_env: std::env::vars()
+            .filter(|(k, _)| k.starts_with("MAILROOM_") && !k.starts_with("MAILROOM_BENCH_"))
+            .filter(|(k, _)| !k.starts_with("MAILROOM_TEST_"))
+            .collect(),
+        opts: opts.clone(),
+        started_at,
+        duration_s: started.elapsed().as_secs_f64(),
+        raw_broker,
+        raw_db,
+        raw_smtp,
+        worker_runs,
+        paced_runs,
+        relay,
+    };
+    let table = report::table(&results);
+    println!("{table}");
+    let json = opts.out.join("results.json");
+    std::fs::write(&json, serde_json::to_vec_pretty(&results)?)?;
+    std::fs::write(opts.out.join("table.md"), &table)?;
+    let svg = opts.out.join("bench.svg");
+    chart::draw(&results, &svg)?;
+    println!(
+        "wrote {}, {} and {} in {:.0} s",
+        json.display(),
+        opts.out.join("table.md").display(),
+        svg.display(),
+        started.elapsed().as_secs_f64()
+    );
+    Ok(())
+}

@@ -1,0 +1,211 @@
+//! CPU and memory from `/proc`: who uses the two cores during a measurement. Processes are
+//! grouped by role: the mailroom workers (by pid), RabbitMQ (`beam.smp`), PostgreSQL (every
+//! `postgres` process, backends included), `smtp-sink`, and this bench process (the producer).
+
+use std::collections::HashMap;
+use std::sync::OnceLock;
+use std::time::Instant;
+
+use serde::Serialize;
+
+/// The roles CPU time is attributed to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Role {
+    Worker,
+    Broker,
+    Postgres,
+    SmtpSink,
+    Bench,
+}
+
+/// Which pids play which role (the service roles are found by process name).
+#[derive(Clone, Debug, Default)]
+pub struct Roles {
+    pub workers: Vec<u32>,
+    pub smtp_sink: Option<u32>,
+}
+
+/// CPU seconds per pid and of the whole machine at one instant.
+#[derive(Clone, Debug)]
+pub struct Snapshot {
+    at: Instant,
+    pids: HashMap<u32, (Role, f64)>,
+    /// (busy, total) jiffies of all cores, from the first line of /proc/stat.
+    machine: (u64, u64),
+}
+
+/// Average CPU use over an interval, in % of one core (200 % = both cores of this machine).
+#[derive(Clone, Copy, Debug, Default, Serialize)]
+pub struct CpuShare {
+    pub worker: f64,
+    pub broker: f64,
+    pub postgres: f64,
+    pub smtp_sink: f64,
+    pub bench: f64,
+    /// Everything busy on the machine (all processes, kernel included).
+    pub machine_busy: f64,
+    /// Cores of the machine × 100.
+    pub machine_capacity: f64,
+    /// CPU seconds the workers used in the interval.
+    pub worker_cpu_s: f64,
+    pub seconds: f64,
+}
+
+impl CpuShare {
+    /// The role using the most CPU, with its share.
+    pub fn top(&self) -> (&'static str, f64) {
+        [
+            ("mailroom worker", self.worker),
+            ("RabbitMQ", self.broker),
+            ("PostgreSQL", self.postgres),
+            ("smtp-sink", self.smtp_sink),
+            ("bench (producer)", self.bench),
+        ]
+        .into_iter()
+        .fold(("none", 0.0), |a, b| if b.1 > a.1 { b } else { a })
+    }
+}
+
+fn clk_tck() -> f64 {
+    static TCK: OnceLock<f64> = OnceLock::new();
+    *TCK.get_or_init(|| {
+        std::process::Command::new("getconf")
+            .arg("CLK_TCK")
+            .output()
+            .ok()
+            .and_then(|o| String::from_utf8(o.stdout).ok())
+            .and_then(|s| s.trim().parse().ok())
+            .unwrap_or(100.0)
+    })
+}
+
+pub fn cores() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+/// utime + stime of a process, in seconds.
+pub fn cpu_seconds(pid: u32) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name (field 2) may hold spaces; fields after its closing ')' are plain.
+    let rest = &stat[stat.rfind(')')? + 2..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    // rest starts at field 3 (state): utime is field 14, stime field 15.
+    let utime: f64 = fields.get(11)?.parse().ok()?;
+    let stime: f64 = fields.get(12)?.parse().ok()?;
+    Some((utime + stime) / clk_tck())
+}
+
+/// A `VmXxx:` line of /proc/<pid>/status, in KiB.
+pub fn status_kib(pid: u32, key: &str) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status
+        .lines()
+        .find(|l| l.starts_with(key))?
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()
+}
+
+/// Peak resident set (VmHWM) in MiB.
+pub fn peak_rss_mib(pid: u32) -> Option<f64> {
+    status_kib(pid, "VmHWM:").map(|k| k as f64 / 1024.0)
+}
+
+/// How busy the whole machine is over `d` (% of one core; cores × 100 = fully busy): other
+/// work on the box (a build, another benchmark) makes every figure pessimistic.
+pub async fn machine_busy(d: std::time::Duration) -> f64 {
+    let a = machine();
+    tokio::time::sleep(d).await;
+    let b = machine();
+    let (busy, total) = (b.0.saturating_sub(a.0), b.1.saturating_sub(a.1));
+    if total == 0 {
+        return 0.0;
+    }
+    busy as f64 / total as f64 * cores() as f64 * 100.0
+}
+
+fn machine() -> (u64, u64) {
+    let Ok(stat) = std::fs::read_to_string("/proc/stat") else {
+        return (0, 0);
+    };
+    let Some(line) = stat.lines().next() else {
+        return (0, 0);
+    };
+    let v: Vec<u64> = line
+        .split_whitespace()
+        .skip(1)
+        .filter_map(|x| x.parse().ok())
+        .collect();
+    // user nice system idle iowait irq softirq steal (guest is already in user)
+    let total: u64 = v.iter().take(8).sum();
+    let idle = v.get(3).copied().unwrap_or(0) + v.get(4).copied().unwrap_or(0);
+    (total - idle, total)
+}
+
+fn pids_named(names: &[(&str, Role)]) -> Vec<(u32, Role)> {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return vec![];
+    };
+    dir.filter_map(|e| e.ok())
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter_map(|pid| {
+            let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).ok()?;
+            let comm = comm.trim();
+            names
+                .iter()
+                .find(|(n, _)| *n == comm)
+                .map(|(_, role)| (pid, *role))
+        })
+        .collect()
+}
+
+impl Snapshot {
+    pub fn take(roles: &Roles) -> Snapshot {
+        let mut list = pids_named(&[("beam.smp", Role::Broker), ("postgres", Role::Postgres)]);
+        list.extend(roles.workers.iter().map(|p| (*p, Role::Worker)));
+        list.extend(roles.smtp_sink.map(|p| (p, Role::SmtpSink)));
+        list.push((std::process::id(), Role::Bench));
+        let pids = list
+            .into_iter()
+            .filter_map(|(pid, role)| Some((pid, (role, cpu_seconds(pid)?))))
+            .collect();
+        Snapshot {
+            at: Instant::now(),
+            pids,
+            machine: machine(),
+        }
+    }
+
+    /// CPU use between `self` (earlier) and `later`. A process that appeared in between (a new
+    /// PostgreSQL backend) counts from zero; one that exited in between loses its last part.
+    pub fn share_until(&self, later: &Snapshot) -> CpuShare {
+        let secs = later.at.duration_since(self.at).as_secs_f64().max(1e-6);
+        let mut used: HashMap<Role, f64> = HashMap::new();
+        for (pid, (role, cpu)) in &later.pids {
+            let before = self.pids.get(pid).map_or(0.0, |(_, c)| *c);
+            *used.entry(*role).or_default() += (cpu - before).max(0.0);
+        }
+        let pct = |r: Role| used.get(&r).copied().unwrap_or(0.0) / secs * 100.0;
+        let (busy, total) = (
+            later.machine.0.saturating_sub(self.machine.0),
+            later.machine.1.saturating_sub(self.machine.1),
+        );
+        let capacity = cores() as f64 * 100.0;
+        CpuShare {
+            worker: pct(Role::Worker),
+            broker: pct(Role::Broker),
+            postgres: pct(Role::Postgres),
+            smtp_sink: pct(Role::SmtpSink),
+            bench: pct(Role::Bench),
+            machine_busy: if total == 0 {
+                0.0
+            } else {
+                busy as f64 / total as f64 * capacity
+            },
+            machine_capacity: capacity,
+            worker_cpu_s: used.get(&Role::Worker).copied().unwrap_or(0.0),
+            seconds: secs,
+        }
+    }
+}

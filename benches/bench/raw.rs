@@ -1,0 +1,495 @@
+//! The raw limits of this machine, measured in the same run with mailroom's own settings and
+//! code paths, but without mailroom's work in between:
+//! - broker: persistent publish + confirm (pipelined, a window of unconfirmed publishes) to the
+//!   same quorum queue topology (`broker::declare_topology`), consumed with the worker's prefetch
+//!   and one manual ack per delivery;
+//! - database: `Database::claim` then `Database::record(sent)` (the very statements the worker
+//!   runs), each its own commit, from as many tasks as the worker's concurrency, through a pool
+//!   of the worker's size;
+//! - SMTP: `smtp-sink`'s accept rate driven by lettre through mailroom's `Mailer` (same pool
+//!   size, same semaphore, same timeout) with the email the worker sends; and, for reference,
+//!   by Postfix's `smtp-source`.
+//!
+//! Each also measures its unloaded latency: one operation at a time, which is the floor a single
+//! job's latency can reach through that part.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use futures_util::{StreamExt, TryStreamExt};
+use lapin::{Connection, options::*, types::FieldTable};
+use mailroom::broker;
+use mailroom::db::notifications::{Claim, ClaimRequest, Record, Status};
+use mailroom::db::{Database, notifications};
+use mailroom::job::EmailJob;
+use mailroom::render::Templates;
+use mailroom::smtp::{Mailer, MailerSettings};
+use serde::Serialize;
+use tokio::sync::mpsc;
+
+use crate::latency::{Lat, Recorder};
+use crate::procstat::{CpuShare, Roles, Snapshot};
+use crate::workload::{self, KIND};
+use crate::world::{Services, SmtpSink, World};
+
+/// The worker's defaults (`mailroom worker --help`), which the raw runs mirror.
+pub const WORKER_CONCURRENCY: usize = 32;
+pub const WORKER_PREFETCH: u16 = 64;
+pub const WORKER_SMTP_CONNECTIONS: u32 = 16;
+/// Unconfirmed publishes a pipelining producer keeps in flight.
+pub const PUBLISH_WINDOW: usize = 256;
+/// Lease used for claims (the worker's default).
+const LEASE: Duration = Duration::from_secs(120);
+pub const FROM: &str = "Mailroom Bench <noreply@mailroom.bench>";
+
+#[derive(Clone, Debug, Serialize)]
+pub struct RawBroker {
+    pub n: usize,
+    /// Messages per second through publish + confirm + consume + ack.
+    pub rate: f64,
+    pub window: usize,
+    pub prefetch: u16,
+    /// Publish start → delivered to the consumer, at full rate (includes queueing).
+    pub loaded: Lat,
+    /// The same, one message at a time.
+    pub floor: Lat,
+    pub cpu: CpuShare,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct RawDb {
+    pub n: usize,
+    /// claim + record pairs per second.
+    pub rate: f64,
+    pub concurrency: usize,
+    pub claim: Lat,
+    pub record: Lat,
+    /// One claim + record at a time (the sum of both statements).
+    pub floor: Lat,
+    pub cpu: CpuShare,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct RawSmtp {
+    pub n: usize,
+    /// Messages per second accepted by smtp-sink, driven by lettre through mailroom's `Mailer`.
+    pub rate: f64,
+    pub concurrency: usize,
+    pub connections: u32,
+    pub message_bytes: usize,
+    pub loaded: Lat,
+    pub floor: Lat,
+    /// The same server driven by Postfix's `smtp-source` (16 sessions, connections reused).
+    pub smtp_source_rate: Option<f64>,
+    /// lettre's own `AsyncSmtpConnection` over sockets with TCP_NODELAY (Nagle off), same
+    /// number of connections: what mailroom's SMTP path could do without the 40 ms stall that
+    /// lettre 0.11.23 (no TCP_NODELAY) pays on every message (body and final dot are two writes).
+    pub nodelay_rate: Option<f64>,
+    pub nodelay_floor: Option<Lat>,
+    pub cpu: CpuShare,
+}
+
+/// Broker: persistent publish + confirm + consume + manual ack on the quorum queue.
+pub async fn broker(services: &Services, n: usize, floor_n: usize) -> anyhow::Result<RawBroker> {
+    let world = World::create(services, "raw-broker", 1).await?;
+    let result = broker_in(&world, services, n, floor_n).await;
+    world.cleanup().await;
+    result
+}
+
+async fn broker_in(
+    world: &World,
+    services: &Services,
+    n: usize,
+    floor_n: usize,
+) -> anyhow::Result<RawBroker> {
+    let total = floor_n + n;
+    let started = Instant::now();
+    let sent: Arc<Vec<AtomicU64>> = Arc::new((0..total).map(|_| AtomicU64::new(0)).collect());
+    let stamp = |i: usize| sent[i].store(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
+
+    // The consumer: its own connection, as a worker process has.
+    let cconn = Connection::connect(&services.amqp_url, Default::default()).await?;
+    let cch = cconn.create_channel().await?;
+    cch.basic_qos(WORKER_PREFETCH, BasicQosOptions::default())
+        .await?;
+    let mut consumer = cch
+        .basic_consume(
+            world.topology.queue.as_str().into(),
+            "".into(),
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        )
+        .await?;
+    let (tx, mut rx) = mpsc::unbounded_channel::<(usize, Duration)>();
+    let acked = Arc::new(AtomicUsize::new(0));
+    let consume = {
+        let sent = sent.clone();
+        let acked = acked.clone();
+        tokio::spawn(async move {
+            let mut seen = 0;
+            while seen < total {
+                let Some(Ok(delivery)) = consumer.next().await else {
+                    break;
+                };
+                seen += 1;
+                let now = started.elapsed();
+                let i = delivery
+                    .properties
+                    .message_id()
+                    .as_ref()
+                    .and_then(|id| workload::index_of(id.as_str()))
+                    .unwrap_or(0);
+                let at = Duration::from_nanos(sent[i.min(total - 1)].load(Ordering::Relaxed));
+                let _ = tx.send((i, now.saturating_sub(at)));
+                let acked = acked.clone();
+                // One manual ack per delivery, from a task of its own, as the worker does.
+                tokio::spawn(async move {
+                    if delivery.ack(BasicAckOptions::default()).await.is_ok() {
+                        acked.fetch_add(1, Ordering::Relaxed);
+                    }
+                });
+            }
+        })
+    };
+
+    let publish = |i: usize| {
+        stamp(i);
+        let (job_id, body) = workload::job("rawb", i, chrono::Utc::now());
+        let props = broker::job_properties(&job_id, KIND, 1);
+        let ch = world.publisher.clone();
+        let exchange = world.topology.exchange.clone();
+        async move { broker::publish_confirmed(&ch, &exchange, KIND, &body, props).await }
+    };
+
+    // Floor: one message at a time, publish → delivered.
+    let mut floor = Recorder::default();
+    for i in 0..floor_n {
+        publish(i).await?;
+        let (_, lat) = rx.recv().await.context("consumer ended")?;
+        floor.record_duration(lat);
+    }
+
+    // Full rate: pipelined publishes while the consumer drains.
+    let roles = Roles::default();
+    let before = Snapshot::take(&roles);
+    let t0 = Instant::now();
+    futures_util::stream::iter(floor_n..total)
+        .map(publish)
+        .buffer_unordered(PUBLISH_WINDOW)
+        .try_collect::<Vec<()>>()
+        .await?;
+    let mut loaded = Recorder::default();
+    for _ in 0..n {
+        let (_, lat) = tokio::time::timeout(Duration::from_secs(60), rx.recv())
+            .await
+            .context("broker raw run: deliveries stopped")?
+            .context("consumer ended")?;
+        loaded.record_duration(lat);
+    }
+    while acked.load(Ordering::Relaxed) < total {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    let elapsed = t0.elapsed().as_secs_f64();
+    let cpu = before.share_until(&Snapshot::take(&roles));
+    consume.abort();
+    let _ = cconn.close(200, "done".into()).await;
+    Ok(RawBroker {
+        n,
+        rate: n as f64 / elapsed,
+        window: PUBLISH_WINDOW,
+        prefetch: WORKER_PREFETCH,
+        loaded: loaded.summary(true),
+        floor: floor.summary(false),
+        cpu,
+    })
+}
+
+/// Database: `Database::claim` + `Database::record(sent)`, own commit each, at `concurrency`.
+pub async fn database(
+    services: &Services,
+    n: usize,
+    floor_n: usize,
+    concurrency: usize,
+) -> anyhow::Result<RawDb> {
+    // The worker's pool: concurrency + 2 connections.
+    let world = World::create(services, "raw-db", concurrency as u32 + 2).await?;
+    let result = database_in(&world.db, n, floor_n, concurrency).await;
+    world.cleanup().await;
+    result
+}
+
+async fn claim_and_record(
+    db: &Database,
+    i: usize,
+    claim_lat: &mut Recorder,
+    record_lat: &mut Recorder,
+) -> anyhow::Result<()> {
+    let job_id = format!("rawdb-{i}");
+    let message_id = mailroom::smtp::message_id(&job_id, KIND, "mailroom.bench");
+    let t = Instant::now();
+    let claim = db
+        .claim(&ClaimRequest {
+            job_id: &job_id,
+            kind: KIND,
+            message_id: &message_id,
+            lease: LEASE,
+            resend_uncertain: true,
+            replay: false,
+        })
+        .await?;
+    claim_lat.record_duration(t.elapsed());
+    let Claim::Claimed { token, .. } = claim else {
+        anyhow::bail!("raw claim of a fresh job was refused: {claim:?}");
+    };
+    let t = Instant::now();
+    let recorded = db
+        .record(&Record {
+            job_id: &job_id,
+            kind: KIND,
+            token: Some(token),
+            status: Status::Sent,
+            smtp_reply: Some("250 2.0.0 Ok: queued as 4XYZ"),
+            error: None,
+        })
+        .await?;
+    record_lat.record_duration(t.elapsed());
+    anyhow::ensure!(recorded, "raw record of a held claim was refused");
+    Ok(())
+}
+
+async fn database_in(
+    db: &Database,
+    n: usize,
+    floor_n: usize,
+    concurrency: usize,
+) -> anyhow::Result<RawDb> {
+    // Open the pool's connections first, so connecting is not part of the measurement.
+    let Database::Postgres(pool) = db;
+    let conns =
+        futures_util::future::try_join_all((0..concurrency).map(|_| pool.acquire())).await?;
+    drop(conns);
+
+    let mut floor_claim = Recorder::default();
+    let mut floor_record = Recorder::default();
+    let mut floor = Recorder::default();
+    for i in 0..floor_n {
+        let t = Instant::now();
+        claim_and_record(db, i, &mut floor_claim, &mut floor_record).await?;
+        floor.record_duration(t.elapsed());
+    }
+
+    let next = Arc::new(AtomicUsize::new(floor_n));
+    let total = floor_n + n;
+    let roles = Roles::default();
+    let before = Snapshot::take(&roles);
+    let t0 = Instant::now();
+    let tasks = (0..concurrency).map(|_| {
+        let db = db.clone();
+        let next = next.clone();
+        tokio::spawn(async move {
+            let mut claim = Recorder::default();
+            let mut record = Recorder::default();
+            loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                if i >= total {
+                    break;
+                }
+                claim_and_record(&db, i, &mut claim, &mut record).await?;
+            }
+            anyhow::Ok((claim, record))
+        })
+    });
+    let mut claim = Recorder::default();
+    let mut record = Recorder::default();
+    for r in futures_util::future::join_all(tasks).await {
+        let (c, r) = r??;
+        claim.merge(&c);
+        record.merge(&r);
+    }
+    let elapsed = t0.elapsed().as_secs_f64();
+    let cpu = before.share_until(&Snapshot::take(&roles));
+    // The statements are the worker's: make sure they did what the worker relies on.
+    let sent = db
+        .notification(&format!("rawdb-{}", total - 1), KIND)
+        .await?
+        .map(|r| r.status);
+    anyhow::ensure!(
+        sent == Some(notifications::Status::Sent),
+        "raw db run left {sent:?}"
+    );
+    Ok(RawDb {
+        n,
+        rate: n as f64 / elapsed,
+        concurrency,
+        claim: claim.summary(false),
+        record: record.summary(false),
+        floor: floor.summary(false),
+        cpu,
+    })
+}
+
+/// The email the worker sends for a bench job, built by mailroom's own templates and `Mailer`.
+pub fn bench_mailer(sink: &SmtpSink) -> anyhow::Result<(Mailer, lettre::Message, usize)> {
+    let templates = Path::new(env!("CARGO_MANIFEST_DIR")).join("templates");
+    let templates = Templates::load(&templates).context("loading templates/")?;
+    let (_, body) = workload::job("rawsmtp", 0, chrono::Utc::now());
+    let job = EmailJob::decode(&body)?;
+    let rendered = templates.render(KIND, None, &job.job.data)?;
+    let mailer = Mailer::new(&MailerSettings {
+        url: sink.url().parse().map_err(anyhow::Error::msg)?,
+        from: FROM.parse()?,
+        message_id_domain: "mailroom.bench".into(),
+        timeout: Duration::from_secs(60),
+        max_connections: WORKER_SMTP_CONNECTIONS,
+    })?;
+    let message = mailer.build(&job, &rendered)?;
+    let bytes = message.formatted().len();
+    Ok((mailer, message, bytes))
+}
+
+/// SMTP: smtp-sink's accept rate through lettre with the worker's pool settings.
+pub async fn smtp(sink: &SmtpSink, n: usize, floor_n: usize) -> anyhow::Result<RawSmtp> {
+    let (mailer, message, bytes) = bench_mailer(sink)?;
+    let mailer = Arc::new(mailer);
+    let message = Arc::new(message);
+    let mut floor = Recorder::default();
+    for _ in 0..floor_n {
+        let t = Instant::now();
+        mailer
+            .send(&message)
+            .await
+            .map_err(|e| anyhow::anyhow!("{e}"))?;
+        floor.record_duration(t.elapsed());
+    }
+    let roles = Roles {
+        workers: vec![],
+        smtp_sink: sink.pid(),
+    };
+    let before = Snapshot::take(&roles);
+    let next = Arc::new(AtomicUsize::new(0));
+    let t0 = Instant::now();
+    let tasks = (0..WORKER_CONCURRENCY).map(|_| {
+        let (mailer, message, next) = (mailer.clone(), message.clone(), next.clone());
+        tokio::spawn(async move {
+            let mut lat = Recorder::default();
+            while next.fetch_add(1, Ordering::Relaxed) < n {
+                let t = Instant::now();
+                mailer
+                    .send(&message)
+                    .await
+                    .map_err(|e| anyhow::anyhow!("{e}"))?;
+                lat.record_duration(t.elapsed());
+            }
+            anyhow::Ok(lat)
+        })
+    });
+    let mut loaded = Recorder::default();
+    for r in futures_util::future::join_all(tasks).await {
+        loaded.merge(&r??);
+    }
+    let elapsed = t0.elapsed().as_secs_f64();
+    let cpu = before.share_until(&Snapshot::take(&roles));
+    let smtp_source_rate = smtp_source(sink, n, bytes).await.ok();
+    let nodelay = smtp_nodelay(sink, &message, n, floor_n).await;
+    if let Err(e) = &nodelay {
+        eprintln!("bench: lettre with TCP_NODELAY: {e:#}");
+    }
+    let (nodelay_rate, nodelay_floor) = match nodelay {
+        Ok((rate, floor)) => (Some(rate), Some(floor)),
+        Err(_) => (None, None),
+    };
+    Ok(RawSmtp {
+        n,
+        rate: n as f64 / elapsed,
+        concurrency: WORKER_CONCURRENCY,
+        connections: WORKER_SMTP_CONNECTIONS,
+        message_bytes: bytes,
+        loaded: loaded.summary(true),
+        floor: floor.summary(false),
+        smtp_source_rate,
+        nodelay_rate,
+        nodelay_floor,
+        cpu,
+    })
+}
+
+/// A plain SMTP session of lettre's over a socket with Nagle off.
+async fn nodelay_connection(
+    sink: &SmtpSink,
+) -> anyhow::Result<lettre::transport::smtp::client::AsyncSmtpConnection> {
+    let tcp = tokio::net::TcpStream::connect(("127.0.0.1", sink.port)).await?;
+    tcp.set_nodelay(true)?;
+    Ok(
+        lettre::transport::smtp::client::AsyncSmtpConnection::connect_with_transport(
+            Box::new(tcp),
+            &lettre::transport::smtp::extension::ClientId::default(),
+        )
+        .await?,
+    )
+}
+
+/// (messages/s with as many connections as the worker's pool, one-at-a-time latency).
+async fn smtp_nodelay(
+    sink: &SmtpSink,
+    message: &lettre::Message,
+    n: usize,
+    floor_n: usize,
+) -> anyhow::Result<(f64, Lat)> {
+    let envelope = message.envelope().clone();
+    let bytes = Arc::new(message.formatted());
+    let mut conn = nodelay_connection(sink).await?;
+    let mut floor = Recorder::default();
+    for _ in 0..floor_n {
+        let t = Instant::now();
+        conn.send(&envelope, &bytes).await?;
+        floor.record_duration(t.elapsed());
+    }
+    let _ = conn.quit().await;
+    let mut conns = vec![];
+    for _ in 0..WORKER_SMTP_CONNECTIONS {
+        conns.push(nodelay_connection(sink).await?);
+    }
+    let next = Arc::new(AtomicUsize::new(0));
+    let t0 = Instant::now();
+    let tasks = conns.into_iter().map(|mut conn| {
+        let (envelope, bytes, next) = (envelope.clone(), bytes.clone(), next.clone());
+        tokio::spawn(async move {
+            while next.fetch_add(1, Ordering::Relaxed) < n {
+                conn.send(&envelope, &bytes).await?;
+            }
+            let _ = conn.quit().await;
+            anyhow::Ok(())
+        })
+    });
+    for r in futures_util::future::join_all(tasks).await {
+        r??;
+    }
+    Ok((n as f64 / t0.elapsed().as_secs_f64(), floor.summary(false)))
+}
+
+/// Postfix's C client against the same sink: 16 parallel sessions that reuse their connection.
+async fn smtp_source(sink: &SmtpSink, n: usize, bytes: usize) -> anyhow::Result<f64> {
+    let t0 = Instant::now();
+    let status = tokio::process::Command::new("/usr/sbin/smtp-source")
+        .args([
+            "-d",
+            "-s",
+            "16",
+            "-m",
+            &n.to_string(),
+            "-l",
+            &bytes.to_string(),
+        ])
+        .args(["-f", "bench@mailroom.bench", "-t", "sink@example.com"])
+        .arg(format!("127.0.0.1:{}", sink.port))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .await?;
+    anyhow::ensure!(status.success(), "smtp-source failed: {status}");
+    Ok(n as f64 / t0.elapsed().as_secs_f64())
+}

@@ -1,0 +1,356 @@
+//! The one table: every mailroom figure next to the raw limit it runs into, and the ratio.
+
+use std::fmt::Write as _;
+
+use serde::Serialize;
+
+use crate::Results;
+use crate::latency::{Lat, ms};
+use crate::procstat::{self, CpuShare};
+use crate::relay::{Measured, NEEDS_RELAY};
+
+/// The machine the figures come from.
+#[derive(Clone, Debug, Serialize)]
+pub struct Machine {
+    pub cores: usize,
+    pub cpu: String,
+    pub memory_gib: f64,
+    pub kernel: String,
+    pub note: &'static str,
+    /// CPU busy (% of one core) in the second before the run, and the load average then.
+    pub busy_before_pct: f64,
+    pub loadavg_before: String,
+}
+
+impl Machine {
+    pub fn read(busy_before_pct: f64, loadavg_before: String) -> Machine {
+        let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+        let cpu = cpuinfo
+            .lines()
+            .find(|l| l.starts_with("model name"))
+            .and_then(|l| l.split(':').nth(1))
+            .map_or("unknown".into(), |s| s.trim().to_string());
+        let memory_gib = procstat_mem_kib() as f64 / 1024.0 / 1024.0;
+        let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease")
+            .unwrap_or_default()
+            .trim()
+            .to_string();
+        Machine {
+            cores: procstat::cores(),
+            cpu,
+            memory_gib,
+            kernel,
+            note: "RabbitMQ, PostgreSQL, smtp-sink, the workers and the bench share these cores; everything on loopback",
+            busy_before_pct,
+            loadavg_before,
+        }
+    }
+}
+
+fn procstat_mem_kib() -> u64 {
+    std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|m| {
+            m.lines()
+                .find(|l| l.starts_with("MemTotal:"))?
+                .split_whitespace()
+                .nth(1)?
+                .parse()
+                .ok()
+        })
+        .unwrap_or(0)
+}
+
+/// `12,345`
+pub fn thousands(v: f64) -> String {
+    let s = format!("{:.0}", v.max(0.0));
+    let mut out = String::new();
+    for (i, c) in s.chars().enumerate() {
+        if i > 0 && (s.len() - i) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// The slowest raw part a job passes through with `workers` processes: the limit mailroom runs
+/// into. The SMTP figure is lettre's with one worker's connection pool, and each process brings
+/// its own pool, so it scales with the process count (up to what the server takes).
+pub fn slowest(r: &Results, workers: usize) -> (String, f64) {
+    let smtp_server = r
+        .raw_smtp
+        .smtp_source_rate
+        .into_iter()
+        .chain(r.raw_smtp.nodelay_rate)
+        .fold(f64::INFINITY, f64::min);
+    let smtp = (r.raw_smtp.rate * workers as f64).min(smtp_server);
+    let smtp_name = if workers == 1 {
+        "SMTP (lettre → smtp-sink)".to_string()
+    } else {
+        format!("SMTP (lettre → smtp-sink, {workers} pools)")
+    };
+    [
+        ("RabbitMQ".to_string(), r.raw_broker.rate),
+        ("PostgreSQL claim+record".to_string(), r.raw_db.rate),
+        (smtp_name, smtp),
+    ]
+    .into_iter()
+    .fold(("none".to_string(), f64::INFINITY), |a, b| {
+        if b.1 < a.1 { b } else { a }
+    })
+}
+
+/// Unloaded floor of one job inside a worker: claim + SMTP send + record, p50 each.
+pub fn inside_floor_ms(r: &Results) -> f64 {
+    r.raw_db.floor.p50 + r.raw_smtp.floor.p50
+}
+
+/// Unloaded floor of one job from publish: broker hop + claim + SMTP + record.
+pub fn path_floor_ms(r: &Results) -> f64 {
+    r.raw_broker.floor.p50 + inside_floor_ms(r)
+}
+
+fn cpu_line(c: &CpuShare) -> String {
+    let ours = c.worker + c.broker + c.postgres + c.smtp_sink + c.bench;
+    format!(
+        "machine {:.0} % of {:.0} %: worker {:.0}, RabbitMQ {:.0}, PostgreSQL {:.0}, smtp-sink {:.0}, bench {:.0}, other processes {:.0}",
+        c.machine_busy,
+        c.machine_capacity,
+        c.worker,
+        c.broker,
+        c.postgres,
+        c.smtp_sink,
+        c.bench,
+        (c.machine_busy - ours).max(0.0)
+    )
+}
+
+fn ratio(a: f64, b: f64) -> String {
+    if b > 0.0 && a.is_finite() {
+        format!("{:.2}", a / b)
+    } else {
+        "–".into()
+    }
+}
+
+fn lat_ratio(l: &Lat, floor: f64) -> String {
+    if l.count == 0 || floor <= 0.0 {
+        return "–".into();
+    }
+    format!("p50 ×{:.1}", l.p50 / floor)
+}
+
+/// The markdown table and, under it, what saturates first.
+pub fn table(r: &Results) -> String {
+    let mut t = String::new();
+    let limit_for = |workers: usize| {
+        let (name, limit) = slowest(r, workers);
+        (
+            format!("{name} {}/s (slowest raw part)", thousands(limit)),
+            limit,
+        )
+    };
+    let (limit_text, _) = limit_for(1);
+    let _ = writeln!(
+        t,
+        "mailroom bench: N = {} jobs per worker run, {} cores ({}), RabbitMQ + PostgreSQL + smtp-sink + workers on one machine, loopback",
+        thousands(r.opts.n as f64),
+        r.machine.cores,
+        r.machine.cpu
+    );
+    if r.machine.busy_before_pct > 20.0 {
+        let _ = writeln!(
+            t,
+            "WARNING: the machine was busy before the run ({:.0} % CPU, load {}): other work shares the cores and every figure is pessimistic.",
+            r.machine.busy_before_pct, r.machine.loadavg_before
+        );
+    }
+    if !r.worker_env.is_empty() {
+        let _ = writeln!(t, "worker environment: {:?}", r.worker_env);
+    }
+    let _ = writeln!(t);
+    let _ = writeln!(
+        t,
+        "| measurement | mailroom | raw limit it runs into | ratio |"
+    );
+    let _ = writeln!(t, "| --- | ---: | --- | ---: |");
+    let b = &r.raw_broker;
+    let d = &r.raw_db;
+    let s = &r.raw_smtp;
+    let _ = writeln!(
+        t,
+        "| **raw** RabbitMQ: persistent publish + confirm (window {}) + consume (prefetch {}) + ack, quorum queue | – | {} msg/s; 1 at a time p50 {} ms | – |",
+        b.window,
+        b.prefetch,
+        thousands(b.rate),
+        ms(b.floor.p50)
+    );
+    let _ = writeln!(
+        t,
+        "| **raw** PostgreSQL: `Database::claim` + `Database::record(sent)`, own commits, {} clients | – | {} pairs/s; 1 at a time p50 {} ms | – |",
+        d.concurrency,
+        thousands(d.rate),
+        ms(d.floor.p50)
+    );
+    let _ = writeln!(
+        t,
+        "| **raw** SMTP: smtp-sink driven by lettre (mailroom `Mailer`, {} connections, {} senders, {} B email) | – | {} msg/s; 1 at a time p50 {} ms | – |",
+        s.connections,
+        s.concurrency,
+        s.message_bytes,
+        thousands(s.rate),
+        ms(s.floor.p50)
+    );
+    if let Some(src) = s.smtp_source_rate {
+        let _ = writeln!(
+            t,
+            "| **raw** SMTP: smtp-sink driven by Postfix `smtp-source` (16 sessions) | – | {} msg/s | – |",
+            thousands(src)
+        );
+    }
+    if let (Some(rate), Some(floor)) = (s.nodelay_rate, &s.nodelay_floor) {
+        let _ = writeln!(
+            t,
+            "| **raw** SMTP: smtp-sink driven by lettre's `AsyncSmtpConnection` on TCP_NODELAY sockets ({} connections) | – | {} msg/s; 1 at a time p50 {} ms | – |",
+            s.connections,
+            thousands(rate),
+            ms(floor.p50)
+        );
+    }
+    for w in &r.worker_runs {
+        let name = if w.workers == 1 {
+            "**worker only**, 1 process".to_string()
+        } else {
+            format!("scaling: {} worker processes", w.workers)
+        };
+        let done = if w.complete {
+            String::new()
+        } else {
+            format!(" (INCOMPLETE: {} of {})", w.sent, w.n)
+        };
+        let (limit_text, limit) = limit_for(w.workers);
+        let _ = writeln!(
+            t,
+            "| {name}: emails/s (first claim → last accepted){done} | {} | {limit_text} | {} |",
+            thousands(w.emails_per_s),
+            ratio(w.emails_per_s, limit)
+        );
+        if w.workers == 1 {
+            let _ = writeln!(
+                t,
+                "| {name}: claim → accepted+recorded p50 / p95 / p99 | {} | claim + send + record, 1 at a time: {} ms | {} |",
+                w.claim_to_sent.triple(),
+                ms(inside_floor_ms(r)),
+                lat_ratio(&w.claim_to_sent, inside_floor_ms(r))
+            );
+            let _ = writeln!(
+                t,
+                "| {name}: publish → accepted+recorded p50 / p95 / p99 (backlog: mostly queue position) | {} | drain time {:.1} s | – |",
+                w.queue_to_sent.triple(),
+                w.n as f64 / w.emails_per_s.max(1e-6)
+            );
+        }
+        let rss = w.rss_mib.iter().cloned().fold(0.0, f64::max);
+        let _ = writeln!(
+            t,
+            "| {name}: peak RSS (VmHWM) per process | {:.1} MiB | target ≤ 64 MiB | {} |",
+            rss,
+            ratio(rss, 64.0)
+        );
+        let _ = writeln!(
+            t,
+            "| {name}: worker CPU (all processes) | {:.0} % of a core, {:.0} µs/email | {:.0} % (all cores) | {} |",
+            w.cpu.worker,
+            w.worker_cpu_us_per_email,
+            w.cpu.machine_capacity,
+            ratio(w.cpu.worker, w.cpu.machine_capacity)
+        );
+        let _ = writeln!(t, "| {name}: CPU by process | {} | | |", cpu_line(&w.cpu));
+    }
+    let floor = path_floor_ms(r);
+    for p in &r.paced_runs {
+        let done = if p.complete {
+            String::new()
+        } else {
+            format!(" (INCOMPLETE: {} of {})", p.sent, p.n)
+        };
+        let _ = writeln!(
+            t,
+            "| worker path at {} ({:.0}/s offered): publish → accepted+recorded p50 / p95 / p99{done} | {} | broker hop + claim + send + record, 1 at a time: {} ms | {} |",
+            p.label,
+            p.offered_rate,
+            p.latency.triple(),
+            ms(floor),
+            lat_ratio(&p.latency, floor)
+        );
+    }
+    for (label, e2e) in &r.relay.end_to_end {
+        let value = match e2e {
+            Measured::Done(e) => format!(
+                "{} emails/s, {}",
+                thousands(e.emails_per_s),
+                e.latency.triple()
+            ),
+            Measured::Pending { pending } => (*pending).to_string(),
+        };
+        let _ = writeln!(
+            t,
+            "| end to end (outbox commit → SMTP accepted), {label} | {value} | {limit_text} | – |"
+        );
+    }
+    let pending = |m: &Measured<f64>| match m {
+        Measured::Done(v) => format!("{v:.1}"),
+        Measured::Pending { pending } => (*pending).to_string(),
+    };
+    let _ = writeln!(
+        t,
+        "| relay only: outbox → queue rows/s | {} | RabbitMQ {}/s | – |",
+        pending(&r.relay.relay_rows_per_s),
+        thousands(b.rate)
+    );
+    let _ = writeln!(
+        t,
+        "| relay idle: database queries/s | {} | target ≤ 1/s | – |",
+        pending(&r.relay.relay_idle_queries_per_s)
+    );
+    let _ = writeln!(t);
+    let _ = writeln!(t, "{}", saturation(r));
+    let _ = writeln!(
+        t,
+        "Latency clocks: claim and accepted+recorded are PostgreSQL `now()` (`created_at`, `sent_at`); publish is the bench's clock, shifted onto PostgreSQL's by the offset measured per run (same host, |offset| < 1 ms). Pending rows: {NEEDS_RELAY}."
+    );
+    t
+}
+
+/// Which part saturates first, from the CPU shares of the worker runs.
+pub fn saturation(r: &Results) -> String {
+    let mut out = String::from("What saturates first:");
+    for w in &r.worker_runs {
+        let c = &w.cpu;
+        let (top, share) = c.top();
+        let full = c.machine_busy >= 0.9 * c.machine_capacity;
+        let _ = write!(
+            out,
+            "\n- {} process(es): {} emails/s; the machine's CPU is {} ({:.0} % of {:.0} %), the largest user is {top} ({share:.0} %); {}.",
+            w.workers,
+            thousands(w.emails_per_s),
+            if full { "saturated" } else { "not saturated" },
+            c.machine_busy,
+            c.machine_capacity,
+            cpu_line(c)
+        );
+    }
+    if let (Some(one), Some(last)) = (r.worker_runs.first(), r.worker_runs.last())
+        && last.workers > one.workers
+    {
+        let _ = write!(
+            out,
+            "\n- {} → {} processes: throughput ×{:.2}.",
+            one.workers,
+            last.workers,
+            last.emails_per_s / one.emails_per_s.max(1e-6)
+        );
+    }
+    out
+}

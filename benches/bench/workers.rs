@@ -1,0 +1,416 @@
+//! Real `mailroom worker` processes (the release binary `cargo bench` builds) against a fresh
+//! world, measured from outside: rows in `sent_notifications`, smtp-sink's counter, `/proc`.
+//!
+//! Clocks: a job's submit time is this process's clock, shifted onto PostgreSQL's clock by the
+//! offset measured at the start of the run (same host, so the shift is the read-out error only);
+//! `created_at` (claim) and `sent_at` (record, after SMTP accepted) are PostgreSQL's `now()`.
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use sqlx::PgConnection;
+use tokio::process::{Child, Command};
+
+use crate::latency::{Lat, Recorder};
+use crate::procstat::{self, CpuShare, Roles, Snapshot};
+use crate::raw::{FROM, PUBLISH_WINDOW};
+use crate::workload::{self, BrokerProducer, Producer};
+use crate::world::{Services, SmtpSink, World, pg_clock_offset};
+
+/// Worker-only: N jobs waiting in the queue, then `workers` processes drain it.
+#[derive(Clone, Debug, Serialize)]
+pub struct BacklogRun {
+    pub label: String,
+    pub workers: usize,
+    pub n: usize,
+    pub sent: i64,
+    pub complete: bool,
+    /// N / (first claim → last `sent_at`), PostgreSQL clock.
+    pub emails_per_s: f64,
+    /// Process spawn → N accepted by smtp-sink (includes start-up).
+    pub wall_s: f64,
+    /// Process spawn → first claim.
+    pub startup_ms: f64,
+    /// How fast the N jobs were pre-published (pipelined, confirmed).
+    pub publish_rate: f64,
+    /// Publish → `sent_at`. Dominated by the job's place in the backlog.
+    pub queue_to_sent: Lat,
+    /// Claim → `sent_at` (both PostgreSQL `now()`): the time a job spends inside a worker
+    /// between claim and record (render, SMTP, waiting for a connection or an SMTP slot).
+    pub claim_to_sent: Lat,
+    /// VmHWM of each worker process, MiB.
+    pub rss_mib: Vec<f64>,
+    pub cpu: CpuShare,
+    /// Worker CPU time per email, µs.
+    pub worker_cpu_us_per_email: f64,
+    /// Emails accepted per 1 s bucket, from process spawn.
+    pub timeline: Vec<f64>,
+    /// CPU shares per 1 s sample.
+    pub cpu_timeline: Vec<CpuShare>,
+    pub pg_clock_offset_ms: f64,
+}
+
+/// Worker at an offered rate: jobs published on a fixed schedule while the worker runs.
+#[derive(Clone, Debug, Serialize)]
+pub struct PacedRun {
+    pub label: String,
+    pub target_rate: f64,
+    pub offered_rate: f64,
+    pub n: usize,
+    pub sent: i64,
+    pub complete: bool,
+    /// Publish start → `sent_at` (SMTP accepted and recorded).
+    pub latency: Lat,
+    pub cpu: CpuShare,
+}
+
+/// Worker processes of one run.
+struct Fleet {
+    children: Vec<Child>,
+    pids: Vec<u32>,
+}
+
+impl Fleet {
+    fn spawn(world: &World, sink: &SmtpSink, k: usize, logs: &Path) -> anyhow::Result<Fleet> {
+        std::fs::create_dir_all(logs)?;
+        let templates = Path::new(env!("CARGO_MANIFEST_DIR")).join("templates");
+        let mut children = vec![];
+        let mut pids = vec![];
+        for i in 0..k {
+            let log =
+                std::fs::File::create(logs.join(format!("{}-worker{}.log", world.label, i + 1)))?;
+            let child = Command::new(env!("CARGO_BIN_EXE_mailroom"))
+                .arg("worker")
+                .args(["--database-url", &world.db_url])
+                .args(["--amqp-url", &world.services.amqp_url])
+                .args(["--namespace", &world.namespace])
+                .args(["--smtp-url", &sink.url()])
+                .args(["--from", FROM])
+                .arg("--templates")
+                .arg(&templates)
+                .env_remove("DATABASE_URL")
+                .env_remove("AMQP_URL")
+                .env_remove("SMTP_URL")
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::from(log))
+                .kill_on_drop(true)
+                .spawn()
+                .context("starting mailroom worker")?;
+            pids.push(child.id().context("worker pid")?);
+            children.push(child);
+        }
+        Ok(Fleet { children, pids })
+    }
+
+    /// SIGTERM (graceful), then SIGKILL after the grace period.
+    async fn stop(mut self) {
+        for pid in &self.pids {
+            let _ = Command::new("kill")
+                .args(["-TERM", &pid.to_string()])
+                .status()
+                .await;
+        }
+        for child in &mut self.children {
+            if tokio::time::timeout(Duration::from_secs(35), child.wait())
+                .await
+                .is_err()
+            {
+                let _ = child.kill().await;
+            }
+        }
+    }
+}
+
+async fn count_sent(pg: &mut PgConnection, prefix: &str) -> anyhow::Result<i64> {
+    Ok(sqlx::query_scalar(
+        "SELECT count(*) FROM sent_notifications WHERE status = 'sent' AND job_id LIKE $1",
+    )
+    .bind(format!("{prefix}-%"))
+    .fetch_one(pg)
+    .await?)
+}
+
+/// (job_id, claimed at, sent at) of every sent job whose id starts with `prefix-`.
+async fn sent_rows(
+    pg: &mut PgConnection,
+    prefix: &str,
+) -> anyhow::Result<Vec<(String, DateTime<Utc>, DateTime<Utc>)>> {
+    Ok(sqlx::query_as(
+        "SELECT job_id, created_at, sent_at FROM sent_notifications
+         WHERE status = 'sent' AND job_id LIKE $1",
+    )
+    .bind(format!("{prefix}-%"))
+    .fetch_all(pg)
+    .await?)
+}
+
+fn ms_between(a: DateTime<Utc>, b: DateTime<Utc>) -> f64 {
+    (b - a).num_microseconds().unwrap_or(i64::MAX) as f64 / 1000.0
+}
+
+/// How long to wait for a run before giving up (generous: a stuck run is reported, not hung).
+fn patience(n: usize) -> Duration {
+    Duration::from_secs(60) + Duration::from_millis(n as u64 * 10)
+}
+
+pub async fn backlog(
+    services: &Services,
+    sink: &SmtpSink,
+    label: &str,
+    workers: usize,
+    n: usize,
+    logs: &Path,
+) -> anyhow::Result<BacklogRun> {
+    let world = World::create(services, label, 2).await?;
+    let result = backlog_in(&world, sink, workers, n, logs).await;
+    world.cleanup().await;
+    result
+}
+
+async fn backlog_in(
+    world: &World,
+    sink: &SmtpSink,
+    workers: usize,
+    n: usize,
+    logs: &Path,
+) -> anyhow::Result<BacklogRun> {
+    let producer = BrokerProducer {
+        channel: world.publisher.clone(),
+        exchange: world.topology.exchange.clone(),
+        prefix: "job".into(),
+    };
+    let t = Instant::now();
+    let published = workload::backlog(&producer, n, PUBLISH_WINDOW).await?;
+    let publish_rate = n as f64 / t.elapsed().as_secs_f64();
+    let ready = world.ready_messages().await?;
+    anyhow::ensure!(ready as usize == n, "{ready} of {n} jobs in the queue");
+
+    let mut pg = world.pg().await?;
+    let offset = pg_clock_offset(&mut pg).await?;
+    let sink_base = sink.accepted();
+    let spawned_utc = Utc::now();
+    let spawned = Instant::now();
+    let fleet = Fleet::spawn(world, sink, workers, logs)?;
+    let perf = start_perf(&fleet, logs, &world.label);
+    let roles = Roles {
+        workers: fleet.pids.clone(),
+        smtp_sink: sink.pid(),
+    };
+    let first = Snapshot::take(&roles);
+    let mut last = first.clone();
+    let mut cpu_timeline = vec![];
+    let mut next_sample = spawned + Duration::from_secs(1);
+    let deadline = spawned + patience(n);
+    let mut sent = 0;
+    loop {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let now = Instant::now();
+        if now >= next_sample {
+            let snap = Snapshot::take(&roles);
+            cpu_timeline.push(last.share_until(&snap));
+            last = snap;
+            next_sample += Duration::from_secs(1);
+            sent = count_sent(&mut pg, "job").await?;
+        }
+        let accepted = sink.accepted().saturating_sub(sink_base) as usize;
+        if accepted >= n || sent as usize >= n || now >= deadline {
+            break;
+        }
+    }
+    let wall_s = spawned.elapsed().as_secs_f64();
+    // smtp-sink counts before the worker records: wait for the rows (briefly).
+    let settle = Instant::now() + Duration::from_secs(10);
+    loop {
+        sent = count_sent(&mut pg, "job").await?;
+        if sent as usize >= n || Instant::now() >= settle {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let end = Snapshot::take(&roles);
+    let cpu = first.share_until(&end);
+    let rss_mib = fleet
+        .pids
+        .iter()
+        .map(|p| procstat::peak_rss_mib(*p).unwrap_or(f64::NAN))
+        .collect();
+    stop_perf(perf).await;
+    fleet.stop().await;
+
+    let rows = sent_rows(&mut pg, "job").await?;
+    let spawned_db = spawned_utc + offset;
+    let mut queue_to_sent = Recorder::default();
+    let mut claim_to_sent = Recorder::default();
+    let first_claim = rows.iter().map(|r| r.1).min().unwrap_or(spawned_db);
+    let last_sent = rows.iter().map(|r| r.2).max().unwrap_or(spawned_db);
+    let buckets = (ms_between(spawned_db, last_sent) / 1000.0)
+        .floor()
+        .max(0.0) as usize
+        + 1;
+    let mut timeline = vec![0.0; buckets];
+    for (job_id, claimed, sent_at) in &rows {
+        if let Some(i) = workload::index_of(job_id).filter(|i| *i < published.len()) {
+            queue_to_sent.record_ms(ms_between(published[i] + offset, *sent_at));
+        }
+        claim_to_sent.record_ms(ms_between(*claimed, *sent_at));
+        let b = (ms_between(spawned_db, *sent_at) / 1000.0).floor().max(0.0) as usize;
+        timeline[b.min(buckets - 1)] += 1.0;
+    }
+    // The last bucket covers only part of a second: show it as a rate.
+    let covered = (ms_between(spawned_db, last_sent) / 1000.0).fract();
+    if let Some(b) = timeline.last_mut()
+        && covered > 0.05
+    {
+        *b /= covered;
+    }
+    let busy_s = ms_between(first_claim, last_sent) / 1000.0;
+    Ok(BacklogRun {
+        label: world.label.clone(),
+        workers,
+        n,
+        sent,
+        complete: sent as usize >= n,
+        emails_per_s: sent as f64 / busy_s.max(1e-6),
+        wall_s,
+        startup_ms: ms_between(spawned_db, first_claim),
+        publish_rate,
+        queue_to_sent: queue_to_sent.summary(true),
+        claim_to_sent: claim_to_sent.summary(true),
+        rss_mib,
+        worker_cpu_us_per_email: cpu.worker_cpu_s / (sent.max(1) as f64) * 1e6,
+        cpu,
+        timeline,
+        cpu_timeline,
+        pg_clock_offset_ms: offset.num_microseconds().unwrap_or(0) as f64 / 1000.0,
+    })
+}
+
+/// One worker process; `n` jobs offered at `rate`/s after a warm-up.
+pub async fn paced(
+    services: &Services,
+    sink: &SmtpSink,
+    label: &str,
+    rate: f64,
+    n: usize,
+    logs: &Path,
+) -> anyhow::Result<PacedRun> {
+    let world = World::create(services, label, 2).await?;
+    let result = paced_in(&world, sink, rate, n, logs).await;
+    world.cleanup().await;
+    result
+}
+
+async fn paced_in(
+    world: &World,
+    sink: &SmtpSink,
+    rate: f64,
+    n: usize,
+    logs: &Path,
+) -> anyhow::Result<PacedRun> {
+    let fleet = Fleet::spawn(world, sink, 1, logs)?;
+    let mut pg = world.pg().await?;
+    let result = async {
+        let producer = |prefix: &str| BrokerProducer {
+            channel: world.publisher.clone(),
+            exchange: world.topology.exchange.clone(),
+            prefix: prefix.into(),
+        };
+        // Warm-up: the worker is connected and its pools are open before the clock starts.
+        const WARM: usize = 50;
+        workload::backlog(&producer("warm"), WARM, 16).await?;
+        wait_for(&mut pg, "warm", WARM, patience(WARM)).await?;
+        let offset = pg_clock_offset(&mut pg).await?;
+        let roles = Roles {
+            workers: fleet.pids.clone(),
+            smtp_sink: sink.pid(),
+        };
+        let before = Snapshot::take(&roles);
+        let jobs: Arc<dyn Producer> = Arc::new(producer("job"));
+        let (published, offered_rate) = workload::paced(jobs, n, rate).await?;
+        let sent = wait_for(&mut pg, "job", n, patience(n)).await?;
+        let cpu = before.share_until(&Snapshot::take(&roles));
+        let mut latency = Recorder::default();
+        for (job_id, _, sent_at) in sent_rows(&mut pg, "job").await? {
+            if let Some(i) = workload::index_of(&job_id).filter(|i| *i < published.len()) {
+                latency.record_ms(ms_between(published[i] + offset, sent_at));
+            }
+        }
+        anyhow::Ok(PacedRun {
+            label: world.label.clone(),
+            target_rate: rate,
+            offered_rate,
+            n,
+            sent,
+            complete: sent as usize >= n,
+            latency: latency.summary(true),
+            cpu,
+        })
+    }
+    .await;
+    fleet.stop().await;
+    result
+}
+
+async fn wait_for(
+    pg: &mut PgConnection,
+    prefix: &str,
+    n: usize,
+    patience: Duration,
+) -> anyhow::Result<i64> {
+    let deadline = Instant::now() + patience;
+    loop {
+        let sent = count_sent(pg, prefix).await?;
+        if sent as usize >= n || Instant::now() >= deadline {
+            return Ok(sent);
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// With `MAILROOM_BENCH_PERF=1`, `perf record` samples the first worker process of each
+/// worker-only run (DWARF call graphs; the release profile keeps line tables) into
+/// `<out>/logs/<run>.perf.data`; read it with `perf report -i <file> --no-children`.
+fn start_perf(fleet: &Fleet, logs: &Path, label: &str) -> Option<Child> {
+    std::env::var_os("MAILROOM_BENCH_PERF")?;
+    let pid = fleet.pids.first()?;
+    Command::new("perf")
+        .args([
+            "record",
+            "-F",
+            "499",
+            "--call-graph",
+            "dwarf,16384",
+            "-p",
+            &pid.to_string(),
+        ])
+        .arg("-o")
+        .arg(logs.join(format!("{label}.perf.data")))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .map_err(|e| eprintln!("bench: cannot start perf: {e}"))
+        .ok()
+}
+
+async fn stop_perf(perf: Option<Child>) {
+    let Some(mut perf) = perf else { return };
+    if let Some(pid) = perf.id() {
+        let _ = Command::new("kill")
+            .args(["-INT", &pid.to_string()])
+            .status()
+            .await;
+    }
+    let _ = tokio::time::timeout(Duration::from_secs(60), perf.wait()).await;
+}
+
+/// Where worker logs go.
+pub fn logs_dir(out: &Path) -> PathBuf {
+    out.join("logs")
+}

@@ -1,0 +1,270 @@
+//! The isolated world of one measurement: a fresh PostgreSQL database (migrated), a fresh
+//! broker namespace (declared with mailroom's own `declare_topology`), and Postfix's
+//! `smtp-sink` on a free loopback port. Everything is removed again by [`World::cleanup`].
+
+use std::path::Path;
+use std::process::Stdio;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use anyhow::Context;
+use chrono::{DateTime, Utc};
+use lapin::{Channel, Connection, options::*};
+use mailroom::broker::{self, Topology};
+use mailroom::config::SecretUrl;
+use mailroom::db::Database;
+use sqlx::{Connection as _, Executor as _, PgConnection};
+use tokio::io::AsyncReadExt;
+use tokio::process::{Child, Command};
+
+/// The retry tiers mailroom declares by default (so cleanup knows every queue name).
+pub const DEFAULT_RETRY_DELAYS: &str = "5s,30s,2m,10m,1h";
+/// Where Debian's `postfix` package installs its test SMTP server.
+const SMTP_SINK: &str = "/usr/sbin/smtp-sink";
+
+/// URLs of the running services (`scripts/services` starts them).
+#[derive(Clone, Debug)]
+pub struct Services {
+    /// A database the bench can connect to in order to create and drop its own databases.
+    pub admin_db_url: String,
+    pub amqp_url: String,
+}
+
+impl Services {
+    pub fn from_env() -> Services {
+        let var = |names: &[&str], default: &str| {
+            names
+                .iter()
+                .find_map(|n| std::env::var(n).ok())
+                .unwrap_or_else(|| default.to_string())
+        };
+        Services {
+            admin_db_url: var(
+                &["MAILROOM_BENCH_DATABASE_URL", "MAILROOM_TEST_DATABASE_URL"],
+                "postgres://mailroom:mailroom@127.0.0.1:5432/mailroom",
+            ),
+            amqp_url: var(
+                &["MAILROOM_BENCH_AMQP_URL", "MAILROOM_TEST_AMQP_URL"],
+                "amqp://guest:guest@127.0.0.1:5672/%2f",
+            ),
+        }
+    }
+}
+
+/// A fresh database and broker namespace.
+pub struct World {
+    pub label: String,
+    pub db: Database,
+    pub db_url: String,
+    db_name: String,
+    pub namespace: String,
+    pub topology: Topology,
+    pub conn: Connection,
+    /// A confirm-mode channel for publishing jobs.
+    pub publisher: Channel,
+    pub services: Services,
+}
+
+impl World {
+    /// Creates database `mailroom_bench_<id>` (migrated) and namespace `mr-bench-<id>`.
+    pub async fn create(services: &Services, label: &str, pool_size: u32) -> anyhow::Result<World> {
+        let id = uuid::Uuid::new_v4().simple().to_string();
+        let db_name = format!("mailroom_bench_{}", &id[..12]);
+        let mut admin = PgConnection::connect(&services.admin_db_url)
+            .await
+            .context("connecting to PostgreSQL (is it running? scripts/services)")?;
+        admin
+            .execute(sqlx::query(sqlx::AssertSqlSafe(format!(
+                r#"CREATE DATABASE "{db_name}""#
+            ))))
+            .await
+            .with_context(|| format!("creating database {db_name}"))?;
+        let _ = admin.close().await;
+        let mut url = url::Url::parse(&services.admin_db_url)?;
+        url.set_path(&db_name);
+        let db_url = url.to_string();
+        let db = Database::connect_lazy(
+            &db_url.parse::<SecretUrl>().map_err(anyhow::Error::msg)?,
+            pool_size,
+        )?;
+        db.migrate().await?;
+        let namespace = format!("mr-bench-{}", &id[..12]);
+        let delays =
+            mailroom::config::parse_delays(DEFAULT_RETRY_DELAYS).map_err(anyhow::Error::msg)?;
+        let topology = Topology::new(&namespace, delays.0);
+        let conn = Connection::connect(&services.amqp_url, Default::default())
+            .await
+            .context("connecting to RabbitMQ (is it running? scripts/services)")?;
+        broker::declare_topology(&conn.create_channel().await?, &topology).await?;
+        let publisher = broker::confirm_channel(&conn).await?;
+        Ok(World {
+            label: label.to_string(),
+            db,
+            db_url,
+            db_name,
+            namespace,
+            topology,
+            conn,
+            publisher,
+            services: services.clone(),
+        })
+    }
+
+    /// A plain connection to this world's database (for polling and reading results).
+    pub async fn pg(&self) -> anyhow::Result<PgConnection> {
+        Ok(PgConnection::connect(&self.db_url).await?)
+    }
+
+    /// Messages ready in the work queue (passive declare: exact).
+    pub async fn ready_messages(&self) -> anyhow::Result<u32> {
+        let ch = self.conn.create_channel().await?;
+        let q = ch
+            .queue_declare(
+                self.topology.queue.as_str().into(),
+                QueueDeclareOptions {
+                    passive: true,
+                    ..Default::default()
+                },
+                Default::default(),
+            )
+            .await?;
+        let _ = ch.close(200, "ok".into()).await;
+        Ok(q.message_count())
+    }
+
+    /// Deletes the queues, exchanges and the database.
+    pub async fn cleanup(self) {
+        self.db.close().await;
+        let t = &self.topology;
+        if let Ok(ch) = self.conn.create_channel().await {
+            let mut queues = vec![t.queue.clone(), t.dead.clone()];
+            queues.extend(t.retry_delays.iter().map(|d| t.retry_queue(*d)));
+            for q in queues {
+                let _ = ch
+                    .queue_delete(q.as_str().into(), QueueDeleteOptions::default())
+                    .await;
+            }
+            for x in [&t.exchange, &t.retry_exchange, &t.dlx] {
+                let _ = ch
+                    .exchange_delete(x.as_str().into(), ExchangeDeleteOptions::default())
+                    .await;
+            }
+        }
+        let _ = self.conn.close(200, "bench done".into()).await;
+        if let Ok(mut admin) = PgConnection::connect(&self.services.admin_db_url).await {
+            let drop = format!(r#"DROP DATABASE IF EXISTS "{}" WITH (FORCE)"#, self.db_name);
+            let _ = admin.execute(sqlx::query(sqlx::AssertSqlSafe(drop))).await;
+        }
+    }
+}
+
+/// Offset of PostgreSQL's clock from this process's clock (`pg - local`), measured as the
+/// best of a few round trips. Both run on this host, so it is the read-out error only; it is
+/// applied anyway so that client-side publish times and DB-side `sent_at` share one clock.
+pub async fn pg_clock_offset(pg: &mut PgConnection) -> anyhow::Result<chrono::Duration> {
+    let mut best: Option<(chrono::Duration, chrono::Duration)> = None;
+    for _ in 0..7 {
+        let before = Utc::now();
+        let at: DateTime<Utc> = sqlx::query_scalar("SELECT clock_timestamp()")
+            .fetch_one(&mut *pg)
+            .await?;
+        let after = Utc::now();
+        let rtt = after - before;
+        let offset = at - (before + rtt / 2);
+        if best.is_none_or(|(r, _)| rtt < r) {
+            best = Some((rtt, offset));
+        }
+    }
+    Ok(best.map(|(_, o)| o).unwrap_or_default())
+}
+
+/// Postfix's `smtp-sink`: accepts and discards, and counts (`-c`) what it accepted.
+pub struct SmtpSink {
+    pub port: u16,
+    child: Child,
+    accepted: Arc<AtomicU64>,
+}
+
+impl SmtpSink {
+    /// `smtp-sink -u nobody -c -h sink.localdomain -m 1024 127.0.0.1:<free port> 1024`.
+    pub async fn start() -> anyhow::Result<SmtpSink> {
+        anyhow::ensure!(
+            Path::new(SMTP_SINK).exists(),
+            "{SMTP_SINK} is missing: install Debian's postfix package (scripts/services does)"
+        );
+        let port = free_port()?;
+        let mut child = Command::new(SMTP_SINK)
+            .args(["-u", "nobody", "-c", "-h", "sink.localdomain", "-m", "1024"])
+            .arg(format!("127.0.0.1:{port}"))
+            .arg("1024")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .context("starting smtp-sink")?;
+        let accepted = Arc::new(AtomicU64::new(0));
+        let mut out = child.stdout.take().context("smtp-sink stdout")?;
+        let counter = accepted.clone();
+        // `-c` prints "\rsess=N quit=N mesg=N" after each message; keep the largest mesg.
+        tokio::spawn(async move {
+            let mut buf = vec![0u8; 64 * 1024];
+            let mut tail = String::new();
+            while let Ok(n) = out.read(&mut buf).await {
+                if n == 0 {
+                    break;
+                }
+                tail.push_str(&String::from_utf8_lossy(&buf[..n]));
+                if let Some(at) = tail.rfind("mesg=") {
+                    let digits: String = tail[at + 5..]
+                        .chars()
+                        .take_while(char::is_ascii_digit)
+                        .collect();
+                    // A number cut by the read is a prefix, so smaller: `fetch_max` ignores it.
+                    if let Ok(v) = digits.parse::<u64>() {
+                        counter.fetch_max(v, Ordering::Relaxed);
+                    }
+                    let keep = tail.len().saturating_sub(64);
+                    tail.drain(..keep);
+                }
+            }
+        });
+        for _ in 0..200 {
+            if tokio::net::TcpStream::connect(("127.0.0.1", port))
+                .await
+                .is_ok()
+            {
+                return Ok(SmtpSink {
+                    port,
+                    child,
+                    accepted,
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        anyhow::bail!("smtp-sink did not listen on 127.0.0.1:{port}")
+    }
+
+    pub fn url(&self) -> String {
+        format!("smtp://127.0.0.1:{}", self.port)
+    }
+
+    pub fn pid(&self) -> Option<u32> {
+        self.child.id()
+    }
+
+    /// Messages accepted since start (smtp-sink's own counter; it lags a message at most).
+    pub fn accepted(&self) -> u64 {
+        self.accepted.load(Ordering::Relaxed)
+    }
+
+    pub async fn stop(mut self) {
+        let _ = self.child.kill().await;
+    }
+}
+
+fn free_port() -> anyhow::Result<u16> {
+    let l = std::net::TcpListener::bind("127.0.0.1:0")?;
+    Ok(l.local_addr()?.port())
+}
