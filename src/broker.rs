@@ -287,7 +287,11 @@ pub fn job_properties(job_id: &str, kind: &str, attempt: i64) -> BasicProperties
 
 /// Reads an integer header, whatever integer type the publisher used.
 pub fn int_header(props: &BasicProperties, name: &str) -> Option<i64> {
-    let value = props.headers().as_ref()?.inner().get(name)?;
+    int_value(props.headers().as_ref()?.inner().get(name)?)
+}
+
+/// An AMQP integer of any width as `i64`.
+pub fn int_value(value: &AMQPValue) -> Option<i64> {
     match value {
         AMQPValue::LongLongInt(v) => Some(*v),
         AMQPValue::LongInt(v) => Some(i64::from(*v)),

@@ -192,10 +192,9 @@ impl WorkerArgs {
     }
 }
 
+/// The job described on the command line, for `publish` and `enqueue`.
 #[derive(Debug, Args)]
-pub struct PublishArgs {
-    #[command(flatten)]
-    pub broker: BrokerArgs,
+pub struct JobArgs {
     /// Template kind, e.g. welcome.
     #[arg(long)]
     pub kind: String,
@@ -205,7 +204,7 @@ pub struct PublishArgs {
     /// Template data: a JSON object, or @path/to/file.json.
     #[arg(long, default_value = "{}")]
     pub data: String,
-    /// Idempotency key (default: a new UUID).
+    /// Idempotency key (default: a new UUID). The same key is sent at most once.
     #[arg(long)]
     pub job_id: Option<String>,
     /// Template locale, e.g. fr.
@@ -213,9 +212,15 @@ pub struct PublishArgs {
     pub locale: Option<String>,
 }
 
-impl PublishArgs {
-    async fn run(&self) -> anyhow::Result<()> {
-        let data = read_data(&self.data)?;
+impl JobArgs {
+    /// Builds and validates the job.
+    pub fn job(&self) -> anyhow::Result<EmailJob> {
+        let text = match self.data.strip_prefix('@') {
+            Some(path) => {
+                std::fs::read_to_string(path).with_context(|| format!("reading {path}"))?
+            }
+            None => self.data.clone(),
+        };
         let job = EmailJob {
             job_id: self
                 .job_id
@@ -227,11 +232,25 @@ impl PublishArgs {
             bcc: vec![],
             reply_to: None,
             locale: self.locale.clone(),
-            data,
+            data: serde_json::from_str(&text).context("--data is not JSON")?,
             headers: Default::default(),
             created_at: Some(chrono::Utc::now()),
         };
-        let job = job.validate()?.job;
+        Ok(job.validate()?.job)
+    }
+}
+
+#[derive(Debug, Args)]
+pub struct PublishArgs {
+    #[command(flatten)]
+    pub broker: BrokerArgs,
+    #[command(flatten)]
+    pub job: JobArgs,
+}
+
+impl PublishArgs {
+    async fn run(&self) -> anyhow::Result<()> {
+        let job = self.job.job()?;
         let topology = self.broker.topology();
         let conn = broker::connect(&self.broker.amqp_url, "mailroom publish").await?;
         broker::declare_topology(&conn.create_channel().await?, &topology).await?;
@@ -243,15 +262,6 @@ impl PublishArgs {
         println!("{}", job.job_id);
         Ok(())
     }
-}
-
-/// Reads `--data`: a JSON object inline, or `@path` to a file holding one.
-fn read_data(arg: &str) -> anyhow::Result<serde_json::Value> {
-    let text = match arg.strip_prefix('@') {
-        Some(path) => std::fs::read_to_string(path).with_context(|| format!("reading {path}"))?,
-        None => arg.to_string(),
-    };
-    serde_json::from_str(&text).context("--data is not JSON")
 }
 
 impl Cli {

@@ -14,7 +14,6 @@ use crate::config;
 use crate::db::Database;
 use crate::db::outbox::{self, Enqueued};
 use crate::http::{self, ApiState};
-use crate::job::EmailJob;
 use crate::relay::{Relay, RelaySettings};
 use crate::render::Templates;
 
@@ -171,41 +170,13 @@ impl RunArgs {
 pub struct EnqueueArgs {
     #[command(flatten)]
     pub db: DatabaseArgs,
-    /// Template kind, e.g. welcome.
-    #[arg(long)]
-    pub kind: String,
-    /// Recipient mailbox; repeat for several.
-    #[arg(long, required = true)]
-    pub to: Vec<String>,
-    /// Template data: a JSON object, or @path/to/file.json.
-    #[arg(long, default_value = "{}")]
-    pub data: String,
-    /// Idempotency key (default: a new UUID). Enqueueing the same key twice is a no-op.
-    #[arg(long)]
-    pub job_id: Option<String>,
-    /// Template locale, e.g. fr.
-    #[arg(long)]
-    pub locale: Option<String>,
+    #[command(flatten)]
+    pub job: super::JobArgs,
 }
 
 impl EnqueueArgs {
     pub async fn run(&self) -> anyhow::Result<()> {
-        let data = super::read_data(&self.data)?;
-        let job = EmailJob {
-            job_id: self
-                .job_id
-                .clone()
-                .unwrap_or_else(|| uuid::Uuid::new_v4().to_string()),
-            kind: self.kind.clone(),
-            to: self.to.clone(),
-            cc: vec![],
-            bcc: vec![],
-            reply_to: None,
-            locale: self.locale.clone(),
-            data,
-            headers: Default::default(),
-            created_at: Some(chrono::Utc::now()),
-        };
+        let job = self.job.job()?;
         let db = Database::connect_lazy(&self.db.database_url, 1)?;
         let mut tx = db
             .postgres()

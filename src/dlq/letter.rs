@@ -284,16 +284,7 @@ fn as_text(v: &AMQPValue) -> Option<String> {
 }
 
 fn as_int(v: &AMQPValue) -> Option<i64> {
-    match v {
-        AMQPValue::LongLongInt(v) => Some(*v),
-        AMQPValue::LongInt(v) => Some(i64::from(*v)),
-        AMQPValue::LongUInt(v) => Some(i64::from(*v)),
-        AMQPValue::ShortInt(v) => Some(i64::from(*v)),
-        AMQPValue::ShortUInt(v) => Some(i64::from(*v)),
-        AMQPValue::ShortShortInt(v) => Some(i64::from(*v)),
-        AMQPValue::ShortShortUInt(v) => Some(i64::from(*v)),
-        _ => None,
-    }
+    crate::broker::int_value(v)
 }
 
 fn timestamp(secs: u64) -> Option<DateTime<Utc>> {

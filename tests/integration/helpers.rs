@@ -250,14 +250,7 @@ impl TestApp {
     /// The worker's command line (after `mailroom worker`): test-sized defaults, with the flags
     /// named in `extra` replacing the defaults of the same name.
     pub fn worker_args(&self, extra: &[&str]) -> Vec<String> {
-        let mut args = self.default_worker_args();
-        for pair in extra.chunks(2) {
-            if let Some(at) = args.iter().position(|a| a == pair[0]) {
-                args.drain(at..at + 2);
-            }
-            args.extend(pair.iter().map(|s| s.to_string()));
-        }
-        args
+        with_overrides(self.default_worker_args(), extra)
     }
 
     fn default_worker_args(&self) -> Vec<String> {
@@ -297,14 +290,7 @@ impl TestApp {
             unreachable!()
         };
         let worker = args.build().unwrap();
-        let stats = worker.stats();
-        let shutdown = CancellationToken::new();
-        let task = tokio::spawn(worker.run(shutdown.clone()));
-        RunningWorker {
-            stats,
-            shutdown,
-            task: Some(task),
-        }
+        Running::spawn(worker.stats(), |stop| tokio::spawn(worker.run(stop)))
     }
 
     /// Starts `mailroom worker` as a real process, with `env` added (e.g. failpoints).
@@ -485,14 +471,30 @@ impl Drop for TestApp {
     }
 }
 
-/// A worker running inside the test process.
-pub struct RunningWorker {
-    pub stats: Arc<Stats>,
+/// A worker or relay running inside the test process, stopped when dropped.
+pub struct Running<S> {
+    pub stats: Arc<S>,
     pub shutdown: CancellationToken,
     task: Option<tokio::task::JoinHandle<anyhow::Result<()>>>,
 }
 
-impl RunningWorker {
+pub type RunningWorker = Running<Stats>;
+pub type RunningRelay = Running<mailroom::relay::RelayStats>;
+
+impl<S> Running<S> {
+    fn spawn(
+        stats: Arc<S>,
+        run: impl FnOnce(CancellationToken) -> tokio::task::JoinHandle<anyhow::Result<()>>,
+    ) -> Running<S> {
+        let shutdown = CancellationToken::new();
+        let task = Some(run(shutdown.clone()));
+        Running {
+            stats,
+            shutdown,
+            task,
+        }
+    }
+
     /// Stops it gracefully and waits.
     pub async fn stop(mut self) {
         self.shutdown.cancel();
@@ -502,10 +504,21 @@ impl RunningWorker {
     }
 }
 
-impl Drop for RunningWorker {
+impl<S> Drop for Running<S> {
     fn drop(&mut self) {
         self.shutdown.cancel();
     }
+}
+
+/// `defaults` with each `--flag value` pair of `extra` replacing the pair of the same flag.
+fn with_overrides(mut args: Vec<String>, extra: &[&str]) -> Vec<String> {
+    for pair in extra.chunks(2) {
+        if let Some(at) = args.iter().position(|a| a == pair[0]) {
+            args.drain(at..at + 2);
+        }
+        args.extend(pair.iter().map(|s| s.to_string()));
+    }
+    args
 }
 
 /// Sends SIGTERM to a child process.
@@ -571,21 +584,7 @@ async fn rabbitmqctl(args: &[&str]) {
     );
 }
 
-/// A relay running inside the test process.
-pub struct RunningRelay {
-    pub stats: Arc<mailroom::relay::RelayStats>,
-    pub shutdown: CancellationToken,
-    task: Option<tokio::task::JoinHandle<anyhow::Result<()>>>,
-}
-
 impl RunningRelay {
-    pub async fn stop(mut self) {
-        self.shutdown.cancel();
-        if let Some(task) = self.task.take() {
-            task.await.unwrap().unwrap();
-        }
-    }
-
     pub fn published(&self) -> u64 {
         self.stats
             .published
@@ -593,16 +592,10 @@ impl RunningRelay {
     }
 }
 
-impl Drop for RunningRelay {
-    fn drop(&mut self) {
-        self.shutdown.cancel();
-    }
-}
-
 impl TestApp {
     /// The relay's command line (after `mailroom relay`).
     pub fn relay_args(&self, extra: &[&str]) -> Vec<String> {
-        let mut args: Vec<String> = [
+        let args: Vec<String> = [
             "--database-url",
             &self.db_url,
             "--amqp-url",
@@ -617,13 +610,7 @@ impl TestApp {
         .iter()
         .map(|s| s.to_string())
         .collect();
-        for pair in extra.chunks(2) {
-            if let Some(at) = args.iter().position(|a| a == pair[0]) {
-                args.drain(at..at + 2);
-            }
-            args.extend(pair.iter().map(|s| s.to_string()));
-        }
-        args
+        with_overrides(args, extra)
     }
 
     /// Starts a relay in this process.
@@ -634,14 +621,7 @@ impl TestApp {
             unreachable!()
         };
         let relay = args.build().unwrap();
-        let stats = relay.stats();
-        let shutdown = CancellationToken::new();
-        let task = tokio::spawn(relay.run(shutdown.clone()));
-        RunningRelay {
-            stats,
-            shutdown,
-            task: Some(task),
-        }
+        Running::spawn(relay.stats(), |stop| tokio::spawn(relay.run(stop)))
     }
 
     /// Starts `mailroom relay` as a real process.
