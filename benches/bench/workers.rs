@@ -264,10 +264,13 @@ async fn backlog_in(
     }
     // The last bucket covers only part of a second: show it as a rate.
     let covered = (ms_between(spawned_db, last_sent) / 1000.0).fract();
-    if let Some(b) = timeline.last_mut()
-        && covered > 0.05
-    {
-        *b /= covered;
+    if covered > 0.05 {
+        if let Some(b) = timeline.last_mut() {
+            *b /= covered;
+        }
+    } else if timeline.len() > 1 {
+        // A sliver of a second: too short to be a rate.
+        timeline.pop();
     }
     let busy_s = ms_between(first_claim, last_sent) / 1000.0;
     Ok(BacklogRun {
