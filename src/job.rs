@@ -265,5 +265,33 @@ pub fn mask_email(address: &str) -> String {
     }
 }
 
+/// Masks every email address in `text` (SMTP replies often quote the recipient).
+pub fn mask_addresses(text: &str) -> String {
+    let is_addr_char = |c: char| c.is_alphanumeric() || "._%+-@".contains(c);
+    let mut out = String::with_capacity(text.len());
+    let mut word = String::new();
+    let flush = |word: &mut String, out: &mut String| {
+        let looks_like_address = word
+            .split_once('@')
+            .is_some_and(|(l, d)| !l.is_empty() && d.contains('.') && !d.contains('@'));
+        if looks_like_address {
+            out.push_str(&mask_email(word));
+        } else {
+            out.push_str(word);
+        }
+        word.clear();
+    };
+    for c in text.chars() {
+        if is_addr_char(c) {
+            word.push(c);
+        } else {
+            flush(&mut word, &mut out);
+            out.push(c);
+        }
+    }
+    flush(&mut word, &mut out);
+    out
+}
+
 #[cfg(test)]
 mod tests;

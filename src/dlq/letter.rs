@@ -65,7 +65,7 @@ pub(super) fn entry(position: usize, d: &Delivery) -> Entry {
         kind,
         recipient: recipient(body.as_ref()),
         class,
-        reason: mask_addresses(&reason),
+        reason: crate::job::mask_addresses(&reason),
         attempts: broker::int_header(props, "x-mailroom-attempts")
             .or_else(|| broker::int_header(props, "x-delivery-count")),
         failed_at: failed_at(props),
@@ -237,34 +237,6 @@ pub(super) fn replay_properties(props: &BasicProperties) -> BasicProperties {
         AMQPValue::LongLongInt(replays),
     );
     props.clone().with_headers(headers)
-}
-
-/// Masks every email address in `text` (SMTP replies often quote the recipient).
-pub(super) fn mask_addresses(text: &str) -> String {
-    let is_addr_char = |c: char| c.is_alphanumeric() || "._%+-@".contains(c);
-    let mut out = String::with_capacity(text.len());
-    let mut word = String::new();
-    let flush = |word: &mut String, out: &mut String| {
-        let looks_like_address = word
-            .split_once('@')
-            .is_some_and(|(l, d)| !l.is_empty() && d.contains('.') && !d.contains('@'));
-        if looks_like_address {
-            out.push_str(&mask_email(word));
-        } else {
-            out.push_str(word);
-        }
-        word.clear();
-    };
-    for c in text.chars() {
-        if is_addr_char(c) {
-            word.push(c);
-        } else {
-            flush(&mut word, &mut out);
-            out.push(c);
-        }
-    }
-    flush(&mut word, &mut out);
-    out
 }
 
 fn header<'a>(props: &'a BasicProperties, name: &str) -> Option<&'a AMQPValue> {

@@ -13,7 +13,7 @@ use crate::broker;
 use crate::config::OnUncertain;
 use crate::db::notifications::{Claim, ClaimRequest, Record, Refusal, Status, judge_refusal};
 use crate::failpoint;
-use crate::job::{EmailJob, ValidJob, mask_email};
+use crate::job::{EmailJob, ValidJob, mask_addresses, mask_email};
 use crate::smtp::SendError;
 
 /// Extra wait past a live lease before trying again, so the retry lands after it expired.
@@ -323,7 +323,11 @@ fn record<'a>(job: &'a ValidJob, token: Uuid, status: Status, reason: &'a str) -
 }
 
 fn dead(class: ErrorClass, reason: String, attempts: i64) -> Outcome {
-    tracing::warn!(class = class.as_str(), reason, "dead-lettering");
+    tracing::warn!(
+        class = class.as_str(),
+        reason = mask_addresses(&reason),
+        "dead-lettering"
+    );
     Outcome::DeadLetter {
         class,
         reason,

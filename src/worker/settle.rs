@@ -11,6 +11,7 @@ use lapin::{
 
 use super::{Outcome, Stats, Worker};
 use crate::broker::{self, Topology};
+use crate::job::mask_addresses;
 
 /// Longest error text copied into a header; the full text is in the log and the ledger.
 const MAX_REASON_HEADER: usize = 1000;
@@ -53,7 +54,7 @@ impl Worker {
                 .await
                 {
                     Ok(()) => {
-                        tracing::info!(?delay, reason, "retry scheduled");
+                        tracing::info!(?delay, reason = mask_addresses(&reason), "retry scheduled");
                         Stats::bump(&stats.retried);
                         self.ack(delivery).await;
                     }
@@ -95,7 +96,7 @@ impl Worker {
                     Err(e) => {
                         // The queue's own dead-letter exchange keeps the message (at-least-once),
                         // without our reason headers; the reason is in this log line.
-                        tracing::error!(error = %e, class = class.as_str(), reason, "cannot publish to the dead-letter exchange; rejecting to the queue's DLX");
+                        tracing::error!(error = %e, class = class.as_str(), reason = mask_addresses(&reason), "cannot publish to the dead-letter exchange; rejecting to the queue's DLX");
                         Stats::bump(&stats.dead_lettered);
                         self.reject(delivery, false).await;
                     }

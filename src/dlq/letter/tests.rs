@@ -140,7 +140,9 @@ fn headers_render_as_readable_json() {
 #[test]
 fn only_things_shaped_like_addresses_are_masked() {
     assert_eq!(
-        mask_addresses("550 <bob.smith@mail.example.org>: no; user@host kept, a@b.c masked"),
+        crate::job::mask_addresses(
+            "550 <bob.smith@mail.example.org>: no; user@host kept, a@b.c masked"
+        ),
         "550 <b***@mail.example.org>: no; user@host kept, a***@b.c masked"
     );
 }
