@@ -25,7 +25,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::UrlList;
 use crate::db::Database;
-use crate::db::outbox::{self, EnqueueError, Enqueued};
+use crate::db::outbox::{EnqueueError, Enqueued};
 use crate::job::{EmailJob, JobError};
 use crate::render::Templates;
 
@@ -36,6 +36,8 @@ pub struct ApiState {
     /// When set, jobs naming a kind without a template are refused at once.
     pub templates: Option<Arc<Templates>>,
     pub token: Option<String>,
+    /// The relay of the same process (`mailroom run`), woken after each new outbox row.
+    pub relay_wake: Option<Arc<tokio::sync::Notify>>,
 }
 
 /// Refuses a configuration that would expose an unauthenticated API beyond this machine.
@@ -144,17 +146,7 @@ async fn enqueue(
             &format!("no template for kind {:?}", job.kind),
         );
     }
-    let mut conn = match state.db.postgres().acquire().await {
-        Ok(c) => c,
-        Err(e) => {
-            return error(
-                StatusCode::SERVICE_UNAVAILABLE,
-                None,
-                &format!("database unavailable: {e}"),
-            );
-        }
-    };
-    let done = match outbox::enqueue_on(&mut conn, &job).await {
+    let done = match state.db.enqueue(&job).await {
         Ok(done) => done,
         Err(EnqueueError::Invalid(e)) => return job_error(&e),
         Err(EnqueueError::Database(e)) => {
@@ -165,6 +157,9 @@ async fn enqueue(
             );
         }
     };
+    if let (Enqueued::New(_), Some(wake)) = (done, &state.relay_wake) {
+        wake.notify_one();
+    }
     let location = format!("/v1/emails/{}/{}", encode(&job.job_id), encode(&job.kind));
     let body = json!({
         "job_id": job.job_id, "kind": job.kind,
@@ -204,10 +199,7 @@ async fn status(
 }
 
 async fn ready(State(state): State<Arc<ApiState>>) -> Response {
-    let db = sqlx::query("SELECT 1")
-        .execute(state.db.postgres())
-        .await
-        .map(|_| ());
+    let db = state.db.ping().await;
     let broker = crate::broker::connect(&state.amqp, "mailroom readiness probe").await;
     if let Ok(conn) = &broker {
         let _ = conn.close(200, "probe".into()).await;

@@ -4,9 +4,13 @@
 //! rows whose confirm was a clean ack. A crash between confirm and commit publishes those rows
 //! again; the worker's claim makes the duplicate harmless.
 //!
-//! Wake-ups come from Postgres `LISTEN/NOTIFY` (the outbox trigger notifies at commit). Listening
-//! starts before the first scan, so nothing committed in between is missed, and a fallback poll
-//! covers notifications lost while the listener reconnects.
+//! Wake-ups on PostgreSQL come from `LISTEN/NOTIFY` (the outbox trigger notifies at commit).
+//! Listening starts before the first scan, so nothing committed in between is missed, and a
+//! fallback poll covers notifications lost while the listener reconnects. MySQL has no
+//! notifications: the relay polls adaptively, every `poll_min` while rows keep coming and
+//! doubling up to `poll_max` while the outbox is idle, each idle poll one lock-free query.
+//! On both engines an enqueue made in the same process (the HTTP API of `mailroom run`) wakes
+//! the relay at once through [`Relay::waker`].
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -15,12 +19,13 @@ use std::time::Duration;
 use futures_util::future::join_all;
 use lapin::{Channel, Confirmation, options::BasicPublishOptions};
 use sqlx::postgres::PgListener;
+use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use crate::broker::{self, Topology};
 use crate::config::UrlList;
 use crate::db::Database;
-use crate::db::outbox::{self, PendingRow};
+use crate::db::outbox::{self, OutboxBatch, PendingRow};
 use crate::failpoint;
 
 /// Refused publishes (unroutable, nacked) before a row is parked for an operator.
@@ -39,8 +44,11 @@ pub struct RelaySettings {
     pub topology: Topology,
     /// Rows per claim, publish and mark.
     pub batch_size: i64,
-    /// Scan this often even without a notification.
+    /// PostgreSQL: scan this often even without a notification.
     pub poll_interval: Duration,
+    /// MySQL: the shortest and the longest wait between polls of the outbox.
+    pub poll_min: Duration,
+    pub poll_max: Duration,
     /// Published rows older than this are deleted.
     pub retention: Duration,
     pub name: String,
@@ -54,6 +62,46 @@ pub struct RelayStats {
     pub parked: AtomicU64,
     /// Scans of the outbox (claim statements), busy or idle.
     pub scans: AtomicU64,
+    /// Lock-free "is there work?" queries of the MySQL poll.
+    pub probes: AtomicU64,
+}
+
+/// The wait between polls of a MySQL outbox: `min` after a busy scan, doubling while idle, up
+/// to `max`. Pure, so its schedule is unit-tested.
+#[derive(Clone, Debug)]
+pub struct AdaptivePoll {
+    min: Duration,
+    max: Duration,
+    next: Duration,
+}
+
+impl AdaptivePoll {
+    pub fn new(min: Duration, max: Duration) -> AdaptivePoll {
+        let max = max.max(min);
+        AdaptivePoll {
+            min,
+            max,
+            next: min,
+        }
+    }
+
+    /// Rows came in: poll fast again.
+    pub fn busy(&mut self) {
+        self.next = self.min;
+    }
+
+    /// The wait before the next poll, backing off for the one after.
+    pub fn idle(&mut self) -> Duration {
+        let wait = self.next;
+        self.next = (self.next * 2).min(self.max);
+        wait
+    }
+}
+
+/// How the relay learns there may be work.
+enum Wakeup {
+    Notify(PgListener),
+    Poll(AdaptivePoll),
 }
 
 /// The relay process.
@@ -61,6 +109,7 @@ pub struct Relay {
     settings: RelaySettings,
     db: Database,
     stats: Arc<RelayStats>,
+    wake: Arc<Notify>,
 }
 
 impl Relay {
@@ -69,7 +118,13 @@ impl Relay {
             settings,
             db,
             stats: Arc::default(),
+            wake: Arc::default(),
         }
+    }
+
+    /// Notify this after committing outbox rows in the same process to skip the wait.
+    pub fn waker(&self) -> Arc<Notify> {
+        self.wake.clone()
     }
 
     pub fn stats(&self) -> Arc<RelayStats> {
@@ -106,26 +161,58 @@ impl Relay {
         let conn = broker::connect(&s.amqp, &s.name).await?;
         broker::declare_topology(&conn.create_channel().await?, &s.topology).await?;
         let channel = broker::confirm_channel(&conn).await?;
-        let mut listener = PgListener::connect_with(self.db.postgres()).await?;
-        listener.listen(outbox::NOTIFY_CHANNEL).await?;
+        let mut wakeup = match &self.db {
+            Database::Postgres(pool) => {
+                let mut listener = PgListener::connect_with(pool).await?;
+                listener.listen(outbox::NOTIFY_CHANNEL).await?;
+                Wakeup::Notify(listener)
+            }
+            Database::MySql(_) => Wakeup::Poll(AdaptivePoll::new(s.poll_min, s.poll_max)),
+        };
         *backoff = broker::reconnect_backoff();
         tracing::info!(exchange = %s.topology.exchange, "relaying");
         let mut retention = tokio::time::interval(RETENTION_EVERY);
-        loop {
-            while self.relay_batch(&channel).await? == s.batch_size as usize {
-                if shutdown.is_cancelled() {
+        'relay: loop {
+            let mut claimed = 0;
+            loop {
+                let n = self.relay_batch(&channel).await?;
+                claimed += n;
+                if n < s.batch_size as usize || shutdown.is_cancelled() {
                     break;
                 }
             }
-            tokio::select! {
-                biased;
-                _ = shutdown.cancelled() => break,
-                note = listener.try_recv() => match note? {
-                    Some(_) => while listener.next_buffered().is_some() {},
-                    None => tracing::warn!("notification listener reconnected; rescanning the outbox"),
+            match &mut wakeup {
+                Wakeup::Notify(listener) => tokio::select! {
+                    biased;
+                    _ = shutdown.cancelled() => break 'relay,
+                    note = listener.try_recv() => match note? {
+                        Some(_) => while listener.next_buffered().is_some() {},
+                        None => tracing::warn!("notification listener reconnected; rescanning the outbox"),
+                    },
+                    _ = self.wake.notified() => {}
+                    _ = tokio::time::sleep(s.poll_interval) => {}
+                    _ = retention.tick() => self.apply_retention().await,
                 },
-                _ = tokio::time::sleep(s.poll_interval) => {}
-                _ = retention.tick() => self.apply_retention().await,
+                Wakeup::Poll(poll) => {
+                    if claimed > 0 {
+                        poll.busy();
+                    }
+                    // Probe (one lock-free query) until there is work, backing off while idle.
+                    loop {
+                        tokio::select! {
+                            biased;
+                            _ = shutdown.cancelled() => break 'relay,
+                            _ = self.wake.notified() => break,
+                            _ = tokio::time::sleep(poll.idle()) => {}
+                            _ = retention.tick() => self.apply_retention().await,
+                        }
+                        self.stats.probes.fetch_add(1, Ordering::Relaxed);
+                        if self.db.outbox_has_work().await? {
+                            poll.busy();
+                            break;
+                        }
+                    }
+                }
             }
         }
         let _ = channel.close(200, "relay shutting down".into()).await;
@@ -135,13 +222,13 @@ impl Relay {
 
     /// Claims, publishes and marks one batch; returns how many rows it claimed.
     async fn relay_batch(&self, channel: &Channel) -> anyhow::Result<usize> {
-        let mut tx = self.db.postgres().begin().await?;
         self.stats.scans.fetch_add(1, Ordering::Relaxed);
-        let rows = outbox::claim_outbox_batch(&mut tx, self.settings.batch_size).await?;
-        if rows.is_empty() {
-            tx.commit().await?;
+        let mut batch = self.db.claim_outbox_batch(self.settings.batch_size).await?;
+        if batch.rows.is_empty() {
+            batch.commit().await?;
             return Ok(0);
         }
+        let rows = std::mem::take(&mut batch.rows);
         let confirms = self.publish_all(channel, &rows).await?;
         failpoint::hit("relay.after_confirm").await;
         let mut published = Vec::with_capacity(rows.len());
@@ -153,10 +240,10 @@ impl Relay {
                         "unroutable: no queue bound for kind {:?} on exchange {:?}",
                         row.kind, self.settings.topology.exchange
                     );
-                    self.refuse(&mut tx, row, &why).await?;
+                    self.refuse(&mut batch, row, &why).await?;
                 }
                 Confirmation::Nack(_) => {
-                    self.refuse(&mut tx, row, "the broker refused the message (nack)")
+                    self.refuse(&mut batch, row, "the broker refused the message (nack)")
                         .await?
                 }
                 Confirmation::NotRequested => {
@@ -164,8 +251,8 @@ impl Relay {
                 }
             }
         }
-        outbox::mark_published(&mut tx, &published).await?;
-        tx.commit().await?;
+        batch.mark_published(&published).await?;
+        batch.commit().await?;
         self.stats
             .published
             .fetch_add(published.len() as u64, Ordering::Relaxed);
@@ -208,14 +295,16 @@ impl Relay {
 
     async fn refuse(
         &self,
-        tx: &mut sqlx::PgConnection,
+        batch: &mut OutboxBatch,
         row: &PendingRow,
         why: &str,
     ) -> anyhow::Result<()> {
         let attempts = row.publish_attempts + 1;
         let park = attempts >= MAX_PUBLISH_ATTEMPTS;
         let retry_in = Duration::from_secs(1u64 << attempts.clamp(0, 16)).min(MAX_ROW_BACKOFF);
-        outbox::mark_publish_failed(tx, row.id, why, retry_in, park).await?;
+        batch
+            .mark_publish_failed(row.id, why, retry_in, park)
+            .await?;
         self.stats.refused.fetch_add(1, Ordering::Relaxed);
         if park {
             self.stats.parked.fetch_add(1, Ordering::Relaxed);
@@ -227,16 +316,11 @@ impl Relay {
     }
 
     async fn apply_retention(&self) {
-        let Ok(mut conn) = self.db.postgres().acquire().await else {
-            return;
-        };
         loop {
-            match outbox::delete_published_before(
-                &mut conn,
-                self.settings.retention,
-                RETENTION_BATCH,
-            )
-            .await
+            match self
+                .db
+                .delete_published_before(self.settings.retention, RETENTION_BATCH)
+                .await
             {
                 Ok(n) if n == RETENTION_BATCH as u64 => continue,
                 Ok(n) => {
@@ -248,5 +332,30 @@ impl Relay {
                 Err(e) => return tracing::warn!(error = %e, "outbox retention failed"),
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn adaptive_poll_backs_off_while_idle_and_snaps_back_when_busy() {
+        let ms = Duration::from_millis;
+        let mut poll = AdaptivePoll::new(ms(10), ms(1000));
+        let waits: Vec<_> = (0..9).map(|_| poll.idle()).collect();
+        assert_eq!(
+            waits,
+            [10, 20, 40, 80, 160, 320, 640, 1000, 1000].map(ms).to_vec()
+        );
+        poll.busy();
+        assert_eq!(poll.idle(), ms(10));
+    }
+
+    #[test]
+    fn adaptive_poll_never_waits_longer_than_its_ceiling() {
+        let mut poll = AdaptivePoll::new(Duration::from_secs(2), Duration::from_secs(1));
+        assert_eq!(poll.idle(), Duration::from_secs(2));
+        assert_eq!(poll.idle(), Duration::from_secs(2));
     }
 }

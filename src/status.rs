@@ -8,7 +8,6 @@ use chrono::{DateTime, Utc};
 use serde::Serialize;
 
 use crate::db::Database;
-use crate::db::outbox;
 
 /// One job's state.
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -34,18 +33,14 @@ pub async fn job_status(
     job_id: &str,
     kind: Option<&str>,
 ) -> anyhow::Result<Vec<JobStatus>> {
+    let kinds = match kind {
+        Some(k) => vec![k.to_string()],
+        None => db.kinds_of_job(job_id).await?,
+    };
     let mut queued = Vec::new();
-    {
-        // One connection for the outbox reads, returned before the ledger reads take their own.
-        let mut conn = db.postgres().acquire().await?;
-        let kinds = match kind {
-            Some(k) => vec![k.to_string()],
-            None => outbox::kinds_of_job(&mut conn, job_id).await?,
-        };
-        for kind in kinds {
-            let row = outbox::outbox_status(&mut conn, job_id, &kind).await?;
-            queued.push((kind, row));
-        }
+    for kind in kinds {
+        let row = db.outbox_status(job_id, &kind).await?;
+        queued.push((kind, row));
     }
     let mut out = Vec::new();
     for (kind, queued) in queued {

@@ -268,7 +268,9 @@ async fn database_in(
     concurrency: usize,
 ) -> anyhow::Result<RawDb> {
     // Open the pool's connections first, so connecting is not part of the measurement.
-    let Database::Postgres(pool) = db;
+    let Database::Postgres(pool) = db else {
+        anyhow::bail!("the benchmark runs on PostgreSQL");
+    };
     let conns =
         futures_util::future::try_join_all((0..concurrency).map(|_| pool.acquire())).await?;
     drop(conns);

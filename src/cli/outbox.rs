@@ -8,11 +8,12 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::Args;
+use tokio::sync::Notify;
 
 use super::{BrokerArgs, DatabaseArgs, WorkerArgs};
 use crate::config;
 use crate::db::Database;
-use crate::db::outbox::{self, Enqueued};
+use crate::db::outbox::Enqueued;
 use crate::http::{self, ApiState};
 use crate::relay::{Relay, RelaySettings};
 use crate::render::Templates;
@@ -26,6 +27,14 @@ pub struct RelayOptions {
     /// the listener reconnects); LISTEN/NOTIFY wakes the relay at once otherwise.
     #[arg(long, env = "MAILROOM_RELAY_POLL", default_value = "5s", value_parser = config::parse_duration)]
     pub relay_poll: Duration,
+    /// MySQL/MariaDB (no notifications): the wait between polls of the outbox while rows keep
+    /// coming; it doubles while the outbox is idle, up to --relay-poll-max.
+    #[arg(long, env = "MAILROOM_RELAY_POLL_MIN", default_value = "10ms", value_parser = config::parse_duration)]
+    pub relay_poll_min: Duration,
+    /// MySQL/MariaDB: the longest wait between polls of an idle outbox, i.e. the most latency
+    /// the poll adds and one lock-free query per interval.
+    #[arg(long, env = "MAILROOM_RELAY_POLL_MAX", default_value = "1s", value_parser = config::parse_duration)]
+    pub relay_poll_max: Duration,
     /// Published outbox rows older than this are deleted (in batches of 1,000).
     #[arg(long, env = "MAILROOM_OUTBOX_RETENTION", default_value = "7d", value_parser = config::parse_duration)]
     pub outbox_retention: Duration,
@@ -39,6 +48,8 @@ impl RelayOptions {
             topology: broker.topology(),
             batch_size: self.relay_batch.max(1),
             poll_interval: self.relay_poll,
+            poll_min: self.relay_poll_min,
+            poll_max: self.relay_poll_max,
             retention: self.outbox_retention,
             name: format!("mailroom relay (pid {})", std::process::id()),
         };
@@ -92,12 +103,14 @@ impl HttpOptions {
         db: &DatabaseArgs,
         broker: &BrokerArgs,
         templates: Option<Arc<Templates>>,
+        relay_wake: Option<Arc<Notify>>,
     ) -> anyhow::Result<Arc<ApiState>> {
         Ok(Arc::new(ApiState {
             db: Database::connect_lazy(&db.database_url, 8)?,
             amqp: broker.amqp_url.clone(),
             templates,
             token: self.api_token.clone(),
+            relay_wake,
         }))
     }
 }
@@ -129,7 +142,7 @@ impl ServeArgs {
         let listener = self.http.bind().await?;
         http::serve(
             listener,
-            self.http.state(&self.db, &self.broker, templates)?,
+            self.http.state(&self.db, &self.broker, templates, None)?,
             shutdown,
         )
         .await
@@ -156,6 +169,7 @@ impl RunArgs {
             &self.worker.db,
             &self.worker.broker,
             Some(worker.templates()),
+            Some(relay.waker()),
         )?;
         let (w, r, h) = tokio::join!(
             worker.run(shutdown.clone()),
@@ -178,13 +192,7 @@ impl EnqueueArgs {
     pub async fn run(&self) -> anyhow::Result<()> {
         let job = self.job.job()?;
         let db = Database::connect_lazy(&self.db.database_url, 1)?;
-        let mut tx = db
-            .postgres()
-            .begin()
-            .await
-            .context("connecting to the database")?;
-        let done = outbox::enqueue(&mut tx, &job).await?;
-        tx.commit().await?;
+        let done = db.enqueue(&job).await?;
         match done {
             Enqueued::New(id) => println!("{} queued (outbox id {id})", job.job_id),
             Enqueued::AlreadyQueued => {

@@ -1,11 +1,13 @@
-//! Database access. One `Database` handle wraps the pool of the engine named by `DATABASE_URL`;
-//! each engine keeps its own SQL side by side in its module, and integration tests against
-//! every engine are the check (sqlx's compile-time checks cover only one engine).
+//! Database access. One `Database` handle wraps the pool of the engine named by `DATABASE_URL`
+//! (`postgres://…` or `mysql://…`, the latter for MySQL 8 and MariaDB ≥ 10.6); each engine keeps
+//! its own SQL side by side in its module, and the integration suite, run against every engine,
+//! is the check (sqlx's compile-time checks cover only one engine).
 //!
 //! - `notifications`: the claim ledger (`sent_notifications`) and its state machine.
-//! - `postgres`: the PostgreSQL statements of the ledger.
 //! - `outbox`: the transactional outbox (`mailroom_outbox`): enqueue, and the relay's batches.
+//! - `postgres`, `mysql`: the statements of each engine.
 
+mod mysql;
 pub mod notifications;
 pub mod outbox;
 mod postgres;
@@ -13,6 +15,8 @@ mod postgres;
 use std::time::Duration;
 
 use anyhow::Context;
+use sqlx::Executor as _;
+use sqlx::mysql::{MySqlConnectOptions, MySqlPool, MySqlPoolOptions};
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 
 use crate::config::SecretUrl;
@@ -22,6 +26,8 @@ pub use notifications::{Claim, ClaimRequest, ExistingClaim, Notification, Status
 /// How long a statement may run before the server cancels it; far below RabbitMQ's
 /// consumer_timeout so a stuck database never holds a delivery past it.
 const STATEMENT_TIMEOUT: &str = "30s";
+/// How long an InnoDB statement waits for a row lock before failing (seconds); the same bound.
+const LOCK_WAIT_TIMEOUT_SECS: u32 = 30;
 /// How long a caller waits for a pooled connection before the attempt counts as
 /// "database unavailable" (a transient failure).
 const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -30,14 +36,36 @@ const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(10);
 #[derive(Clone, Debug)]
 pub enum Database {
     Postgres(PgPool),
+    /// MySQL 8 or MariaDB ≥ 10.6 (InnoDB), every session at READ COMMITTED.
+    MySql(MySqlPool),
+}
+
+/// The engines mailroom runs on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Engine {
+    Postgres,
+    MySql,
+}
+
+impl Engine {
+    /// The engine a `DATABASE_URL` names, from its scheme.
+    pub fn of(url: &SecretUrl) -> anyhow::Result<Engine> {
+        match url.scheme() {
+            "postgres" | "postgresql" => Ok(Engine::Postgres),
+            "mysql" | "mariadb" => Ok(Engine::MySql),
+            other => anyhow::bail!(
+                "DATABASE_URL {url}: unsupported scheme `{other}` (expected postgres:// or mysql://)"
+            ),
+        }
+    }
 }
 
 impl Database {
     /// Connects a pool of at most `max_connections` to `url`. The pool is lazy: the first
     /// query opens the first connection, so a process starts even while the database is down.
     pub fn connect_lazy(url: &SecretUrl, max_connections: u32) -> anyhow::Result<Database> {
-        match url.scheme() {
-            "postgres" | "postgresql" => {
+        match Engine::of(url)? {
+            Engine::Postgres => {
                 let options: PgConnectOptions = url
                     .expose()
                     .parse()
@@ -51,9 +79,46 @@ impl Database {
                     .connect_lazy_with(options);
                 Ok(Database::Postgres(pool))
             }
-            other => anyhow::bail!(
-                "DATABASE_URL {url}: unsupported scheme `{other}` (expected postgres://)"
-            ),
+            Engine::MySql => {
+                // sqlx knows the scheme `mysql` only; `mariadb://` is accepted as a synonym.
+                let mut exposed = url.expose().to_string();
+                if let Some(rest) = exposed.strip_prefix("mariadb:") {
+                    exposed = format!("mysql:{rest}");
+                }
+                let options: MySqlConnectOptions = exposed
+                    .parse()
+                    .with_context(|| format!("invalid DATABASE_URL {url}"))?;
+                // Session time zone UTC (sqlx's default, stated here because DATETIME values are
+                // read as UTC), utf8mb4.
+                let options = options.timezone(Some("+00:00".to_string()));
+                let pool = MySqlPoolOptions::new()
+                    .max_connections(max_connections)
+                    .acquire_timeout(ACQUIRE_TIMEOUT)
+                    .after_connect(|conn, _meta| {
+                        Box::pin(async move {
+                            // READ COMMITTED: the relay's `FOR UPDATE SKIP LOCKED` and the
+                            // ledger's claims take no gap locks, so they never block the
+                            // application's own inserts into the outbox.
+                            conn.execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
+                                .await?;
+                            let timeout = format!(
+                                "SET SESSION innodb_lock_wait_timeout = {LOCK_WAIT_TIMEOUT_SECS}"
+                            );
+                            conn.execute(sqlx::AssertSqlSafe(timeout)).await?;
+                            Ok(())
+                        })
+                    })
+                    .connect_lazy_with(options);
+                Ok(Database::MySql(pool))
+            }
+        }
+    }
+
+    /// The engine of this pool.
+    pub fn engine(&self) -> Engine {
+        match self {
+            Database::Postgres(_) => Engine::Postgres,
+            Database::MySql(_) => Engine::MySql,
         }
     }
 
@@ -64,14 +129,19 @@ impl Database {
                 .run(pool)
                 .await
                 .context("applying PostgreSQL migrations")?,
+            Database::MySql(pool) => sqlx::migrate!("./migrations/mysql")
+                .run(pool)
+                .await
+                .context("applying MySQL/MariaDB migrations")?,
         }
         Ok(())
     }
 
-    /// The PostgreSQL pool, for the outbox and the relay.
-    pub fn postgres(&self) -> &PgPool {
+    /// One round trip to the database, for readiness probes.
+    pub async fn ping(&self) -> Result<(), sqlx::Error> {
         match self {
-            Database::Postgres(pool) => pool,
+            Database::Postgres(pool) => pool.execute("SELECT 1").await.map(drop),
+            Database::MySql(pool) => pool.execute("SELECT 1").await.map(drop),
         }
     }
 
@@ -79,6 +149,7 @@ impl Database {
     pub async fn close(&self) {
         match self {
             Database::Postgres(pool) => pool.close().await,
+            Database::MySql(pool) => pool.close().await,
         }
     }
 }

@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use uuid::Uuid;
 
-use super::{Database, postgres};
+use super::{Database, mysql, postgres};
 
 /// A row's status.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -158,6 +158,7 @@ impl Database {
     pub async fn claim(&self, req: &ClaimRequest<'_>) -> Result<Claim, sqlx::Error> {
         match self {
             Database::Postgres(pool) => postgres::claim(pool, req).await,
+            Database::MySql(pool) => mysql::claim(pool, req).await,
         }
     }
 
@@ -166,6 +167,7 @@ impl Database {
     pub async fn record(&self, record: &Record<'_>) -> Result<bool, sqlx::Error> {
         match self {
             Database::Postgres(pool) => postgres::record(pool, record).await,
+            Database::MySql(pool) => mysql::record(pool, record).await,
         }
     }
 
@@ -177,6 +179,7 @@ impl Database {
     ) -> Result<Option<Notification>, sqlx::Error> {
         match self {
             Database::Postgres(pool) => postgres::notification(pool, job_id, kind).await,
+            Database::MySql(pool) => mysql::notification(pool, job_id, kind).await,
         }
     }
 }

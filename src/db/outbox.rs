@@ -1,18 +1,21 @@
 //! The transactional outbox `mailroom_outbox`: producers insert a job inside their own
 //! transaction ([`enqueue`]); the relay claims batches of unpublished rows with
-//! `FOR UPDATE SKIP LOCKED`, publishes them, and marks the ones the broker confirmed.
+//! `FOR UPDATE SKIP LOCKED` ([`Database::claim_outbox_batch`]), publishes them, and marks the
+//! ones the broker confirmed in the same transaction.
 //!
 //! Rows are selected by state (`published_at IS NULL`), never by "id greater than the last one
 //! seen": ids are allocated before commit, so a slow transaction can commit a smaller id after
 //! a larger one was published, and a high-water mark would skip it forever.
 
+use std::future::Future;
 use std::time::Duration;
 
-use sqlx::{PgConnection, Postgres, Row, Transaction};
+use sqlx::{MySql, MySqlConnection, PgConnection, Postgres, Transaction};
 
+use super::{Database, mysql, postgres};
 use crate::job::{EmailJob, JobError};
 
-/// The channel the outbox trigger notifies.
+/// The channel the PostgreSQL outbox trigger notifies.
 pub const NOTIFY_CHANNEL: &str = "mailroom_outbox";
 
 /// What [`enqueue`] did.
@@ -33,14 +36,66 @@ pub enum EnqueueError {
     Database(#[from] sqlx::Error),
 }
 
-const INSERT: &str = "
-INSERT INTO mailroom_outbox (job_id, kind, payload)
-VALUES ($1, $2, $3)
-ON CONFLICT (job_id, kind) DO NOTHING
-RETURNING id";
+/// A connection or transaction of either engine that [`enqueue`] can write to:
+/// `PgConnection`, `MySqlConnection` and `Transaction`s of both.
+pub trait OutboxWriter: Send {
+    /// Inserts one row unless `(job_id, kind)` exists; returns the new id, or `None`.
+    #[doc(hidden)]
+    fn insert_outbox_row<'a>(
+        &'a mut self,
+        job_id: &'a str,
+        kind: &'a str,
+        payload: String,
+    ) -> impl Future<Output = Result<Option<i64>, sqlx::Error>> + Send + 'a;
+}
+
+impl OutboxWriter for PgConnection {
+    fn insert_outbox_row<'a>(
+        &'a mut self,
+        job_id: &'a str,
+        kind: &'a str,
+        payload: String,
+    ) -> impl Future<Output = Result<Option<i64>, sqlx::Error>> + Send + 'a {
+        postgres::insert_outbox_row(self, job_id, kind, payload)
+    }
+}
+
+impl OutboxWriter for MySqlConnection {
+    fn insert_outbox_row<'a>(
+        &'a mut self,
+        job_id: &'a str,
+        kind: &'a str,
+        payload: String,
+    ) -> impl Future<Output = Result<Option<i64>, sqlx::Error>> + Send + 'a {
+        mysql::insert_outbox_row(self, job_id, kind, payload)
+    }
+}
+
+impl OutboxWriter for Transaction<'_, Postgres> {
+    fn insert_outbox_row<'a>(
+        &'a mut self,
+        job_id: &'a str,
+        kind: &'a str,
+        payload: String,
+    ) -> impl Future<Output = Result<Option<i64>, sqlx::Error>> + Send + 'a {
+        postgres::insert_outbox_row(self, job_id, kind, payload)
+    }
+}
+
+impl OutboxWriter for Transaction<'_, MySql> {
+    fn insert_outbox_row<'a>(
+        &'a mut self,
+        job_id: &'a str,
+        kind: &'a str,
+        payload: String,
+    ) -> impl Future<Output = Result<Option<i64>, sqlx::Error>> + Send + 'a {
+        mysql::insert_outbox_row(self, job_id, kind, payload)
+    }
+}
 
 /// Validates `job` and inserts it into the outbox inside the caller's transaction, so the email
-/// exists if and only if the caller's business rows commit:
+/// exists if and only if the caller's business rows commit. Works on a PostgreSQL or a
+/// MySQL/MariaDB transaction (or a bare connection, where the row commits on its own):
 ///
 /// ```no_run
 /// # async fn example(pool: sqlx::PgPool, job: mailroom::job::EmailJob) -> anyhow::Result<()> {
@@ -50,25 +105,17 @@ RETURNING id";
 /// tx.commit().await?;
 /// # Ok(()) }
 /// ```
-pub async fn enqueue(
-    tx: &mut Transaction<'_, Postgres>,
+pub async fn enqueue<C: OutboxWriter + ?Sized>(
+    conn: &mut C,
     job: &EmailJob,
 ) -> Result<Enqueued, EnqueueError> {
-    enqueue_on(tx, job).await
-}
-
-/// [`enqueue`] on any connection; outside a transaction the row commits on its own.
-pub async fn enqueue_on(conn: &mut PgConnection, job: &EmailJob) -> Result<Enqueued, EnqueueError> {
     let job = job.clone().validate()?.job;
     let mut payload = serde_json::to_value(&job).map_err(|e| JobError::Malformed(e.to_string()))?;
     if job.created_at.is_none() {
         payload["created_at"] = serde_json::json!(chrono::Utc::now());
     }
-    let id: Option<i64> = sqlx::query_scalar(INSERT)
-        .bind(&job.job_id)
-        .bind(&job.kind)
-        .bind(payload)
-        .fetch_optional(conn)
+    let id = conn
+        .insert_outbox_row(&job.job_id, &job.kind, payload.to_string())
         .await?;
     Ok(id.map_or(Enqueued::AlreadyQueued, Enqueued::New))
 }
@@ -83,88 +130,53 @@ pub struct PendingRow {
     pub publish_attempts: i32,
 }
 
-const CLAIM_BATCH: &str = "
-SELECT id, job_id, kind, payload::text AS payload, publish_attempts
-FROM mailroom_outbox
-WHERE published_at IS NULL AND parked_at IS NULL
-  AND (next_attempt_at IS NULL OR next_attempt_at <= now())
-ORDER BY id
-LIMIT $1
-FOR UPDATE SKIP LOCKED";
-
-/// Locks up to `limit` publishable rows; other relays skip them until this transaction ends.
-pub async fn claim_outbox_batch(
-    tx: &mut PgConnection,
-    limit: i64,
-) -> Result<Vec<PendingRow>, sqlx::Error> {
-    let rows = sqlx::query(CLAIM_BATCH).bind(limit).fetch_all(tx).await?;
-    rows.into_iter()
-        .map(|r| {
-            Ok(PendingRow {
-                id: r.try_get("id")?,
-                job_id: r.try_get("job_id")?,
-                kind: r.try_get("kind")?,
-                payload: r.try_get("payload")?,
-                publish_attempts: r.try_get("publish_attempts")?,
-            })
-        })
-        .collect()
+/// A transaction holding the row locks of one relay batch: other relays skip these rows until
+/// it commits (or its connection dies, which rolls it back and frees them).
+pub struct OutboxBatch {
+    tx: BatchTx,
+    pub rows: Vec<PendingRow>,
 }
 
-/// Marks rows the broker confirmed.
-pub async fn mark_published(tx: &mut PgConnection, ids: &[i64]) -> Result<(), sqlx::Error> {
-    sqlx::query(
-        "UPDATE mailroom_outbox
-         SET published_at = now(), publish_attempts = publish_attempts + 1, last_error = NULL
-         WHERE id = ANY($1)",
-    )
-    .bind(ids)
-    .execute(tx)
-    .await?;
-    Ok(())
+enum BatchTx {
+    Postgres(Transaction<'static, Postgres>),
+    MySql(Transaction<'static, MySql>),
 }
 
-/// Records a refused publish: the row is retried after `retry_in`, or parked when `park`.
-pub async fn mark_publish_failed(
-    tx: &mut PgConnection,
-    id: i64,
-    error: &str,
-    retry_in: Duration,
-    park: bool,
-) -> Result<(), sqlx::Error> {
-    sqlx::query(
-        "UPDATE mailroom_outbox
-         SET publish_attempts = publish_attempts + 1, last_error = $2,
-             next_attempt_at = now() + make_interval(secs => $3),
-             parked_at = CASE WHEN $4 THEN now() END
-         WHERE id = $1",
-    )
-    .bind(id)
-    .bind(error)
-    .bind(retry_in.as_secs_f64())
-    .bind(park)
-    .execute(tx)
-    .await?;
-    Ok(())
-}
+impl OutboxBatch {
+    /// Marks rows the broker confirmed.
+    pub async fn mark_published(&mut self, ids: &[i64]) -> Result<(), sqlx::Error> {
+        if ids.is_empty() {
+            return Ok(());
+        }
+        match &mut self.tx {
+            BatchTx::Postgres(tx) => postgres::mark_published(tx, ids).await,
+            BatchTx::MySql(tx) => mysql::mark_published(tx, ids).await,
+        }
+    }
 
-/// Deletes up to `limit` rows published more than `age` ago; returns how many went.
-pub async fn delete_published_before(
-    conn: &mut PgConnection,
-    age: Duration,
-    limit: i64,
-) -> Result<u64, sqlx::Error> {
-    let done = sqlx::query(
-        "DELETE FROM mailroom_outbox WHERE id IN (
-             SELECT id FROM mailroom_outbox
-             WHERE published_at < now() - make_interval(secs => $1)
-             LIMIT $2)",
-    )
-    .bind(age.as_secs_f64())
-    .bind(limit)
-    .execute(conn)
-    .await?;
-    Ok(done.rows_affected())
+    /// Records a refused publish: the row is retried after `retry_in`, or parked when `park`.
+    pub async fn mark_publish_failed(
+        &mut self,
+        id: i64,
+        error: &str,
+        retry_in: Duration,
+        park: bool,
+    ) -> Result<(), sqlx::Error> {
+        match &mut self.tx {
+            BatchTx::Postgres(tx) => {
+                postgres::mark_publish_failed(tx, id, error, retry_in, park).await
+            }
+            BatchTx::MySql(tx) => mysql::mark_publish_failed(tx, id, error, retry_in, park).await,
+        }
+    }
+
+    /// Commits the marks and releases the row locks.
+    pub async fn commit(self) -> Result<(), sqlx::Error> {
+        match self.tx {
+            BatchTx::Postgres(tx) => tx.commit().await,
+            BatchTx::MySql(tx) => tx.commit().await,
+        }
+    }
 }
 
 /// The outbox side of a job's status.
@@ -177,43 +189,76 @@ pub struct OutboxStatus {
     pub parked: bool,
 }
 
-/// Reads the outbox row of `(job_id, kind)`.
-pub async fn outbox_status(
-    conn: &mut PgConnection,
-    job_id: &str,
-    kind: &str,
-) -> Result<Option<OutboxStatus>, sqlx::Error> {
-    let row = sqlx::query(
-        "SELECT created_at, published_at, publish_attempts, last_error, parked_at IS NOT NULL AS parked
-         FROM mailroom_outbox WHERE job_id = $1 AND kind = $2",
-    )
-    .bind(job_id)
-    .bind(kind)
-    .fetch_optional(conn)
-    .await?;
-    row.map(|r| {
-        Ok(OutboxStatus {
-            created_at: r.try_get("created_at")?,
-            published_at: r.try_get("published_at")?,
-            publish_attempts: r.try_get("publish_attempts")?,
-            last_error: r.try_get("last_error")?,
-            parked: r.try_get("parked")?,
-        })
-    })
-    .transpose()
-}
+impl Database {
+    /// Enqueues `job` in a transaction of its own (the CLI and the HTTP API; applications
+    /// call [`enqueue`] inside theirs).
+    pub async fn enqueue(&self, job: &EmailJob) -> Result<Enqueued, EnqueueError> {
+        match self {
+            Database::Postgres(pool) => enqueue(&mut *pool.acquire().await?, job).await,
+            Database::MySql(pool) => enqueue(&mut *pool.acquire().await?, job).await,
+        }
+    }
 
-/// Every kind known for `job_id`, in the outbox or the ledger.
-pub async fn kinds_of_job(
-    conn: &mut PgConnection,
-    job_id: &str,
-) -> Result<Vec<String>, sqlx::Error> {
-    sqlx::query_scalar(
-        "SELECT kind FROM mailroom_outbox WHERE job_id = $1
-         UNION SELECT kind FROM sent_notifications WHERE job_id = $1
-         ORDER BY 1",
-    )
-    .bind(job_id)
-    .fetch_all(conn)
-    .await
+    /// Locks up to `limit` publishable rows in id order, skipping rows other relays hold.
+    pub async fn claim_outbox_batch(&self, limit: i64) -> Result<OutboxBatch, sqlx::Error> {
+        Ok(match self {
+            Database::Postgres(pool) => {
+                let mut tx = pool.begin().await?;
+                let rows = postgres::claim_outbox_batch(&mut tx, limit).await?;
+                OutboxBatch {
+                    tx: BatchTx::Postgres(tx),
+                    rows,
+                }
+            }
+            Database::MySql(pool) => {
+                let mut tx = pool.begin().await?;
+                let rows = mysql::claim_outbox_batch(&mut tx, limit).await?;
+                OutboxBatch {
+                    tx: BatchTx::MySql(tx),
+                    rows,
+                }
+            }
+        })
+    }
+
+    /// Whether any row is ready to publish: one cheap statement without locks, so an idle
+    /// polling relay costs one query per poll.
+    pub async fn outbox_has_work(&self) -> Result<bool, sqlx::Error> {
+        match self {
+            Database::Postgres(pool) => postgres::outbox_has_work(pool).await,
+            Database::MySql(pool) => mysql::outbox_has_work(pool).await,
+        }
+    }
+
+    /// Deletes up to `limit` rows published more than `age` ago; returns how many went.
+    pub async fn delete_published_before(
+        &self,
+        age: Duration,
+        limit: i64,
+    ) -> Result<u64, sqlx::Error> {
+        match self {
+            Database::Postgres(pool) => postgres::delete_published_before(pool, age, limit).await,
+            Database::MySql(pool) => mysql::delete_published_before(pool, age, limit).await,
+        }
+    }
+
+    /// Reads the outbox row of `(job_id, kind)`.
+    pub async fn outbox_status(
+        &self,
+        job_id: &str,
+        kind: &str,
+    ) -> Result<Option<OutboxStatus>, sqlx::Error> {
+        match self {
+            Database::Postgres(pool) => postgres::outbox_status(pool, job_id, kind).await,
+            Database::MySql(pool) => mysql::outbox_status(pool, job_id, kind).await,
+        }
+    }
+
+    /// Every kind known for `job_id`, in the outbox or the ledger, sorted.
+    pub async fn kinds_of_job(&self, job_id: &str) -> Result<Vec<String>, sqlx::Error> {
+        match self {
+            Database::Postgres(pool) => postgres::kinds_of_job(pool, job_id).await,
+            Database::MySql(pool) => mysql::kinds_of_job(pool, job_id).await,
+        }
+    }
 }

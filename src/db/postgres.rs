@@ -1,12 +1,13 @@
-//! PostgreSQL statements of the claim ledger. Times come from the database clock (`now()`),
-//! so workers on machines with skewed clocks still agree on leases.
+//! PostgreSQL statements of the claim ledger and the outbox. Times come from the database clock
+//! (`now()`), so workers on machines with skewed clocks still agree on leases.
 
 use std::time::Duration;
 
-use sqlx::{PgPool, Row};
+use sqlx::{PgConnection, PgPool, Row};
 use uuid::Uuid;
 
 use super::notifications::{Claim, ClaimRequest, ExistingClaim, Notification, Record, Status};
+use super::outbox::{OutboxStatus, PendingRow};
 
 /// Inserts a `sending` row with a lease, or takes over a row that may be retried. No row comes
 /// back when the claim is refused.
@@ -121,6 +122,157 @@ pub(super) async fn notification(
         updated_at: row.try_get("updated_at")?,
         sent_at: row.try_get("sent_at")?,
     }))
+}
+
+// ---- the outbox ----
+
+const INSERT_OUTBOX: &str = "
+INSERT INTO mailroom_outbox (job_id, kind, payload)
+VALUES ($1, $2, $3::jsonb)
+ON CONFLICT (job_id, kind) DO NOTHING
+RETURNING id";
+
+/// `ON CONFLICT DO NOTHING`: a duplicate is no error, so the caller's transaction stays usable.
+pub(super) async fn insert_outbox_row(
+    conn: &mut PgConnection,
+    job_id: &str,
+    kind: &str,
+    payload: String,
+) -> Result<Option<i64>, sqlx::Error> {
+    sqlx::query_scalar(INSERT_OUTBOX)
+        .bind(job_id)
+        .bind(kind)
+        .bind(payload)
+        .fetch_optional(conn)
+        .await
+}
+
+const CLAIM_BATCH: &str = "
+SELECT id, job_id, kind, payload::text AS payload, publish_attempts
+FROM mailroom_outbox
+WHERE published_at IS NULL AND parked_at IS NULL
+  AND (next_attempt_at IS NULL OR next_attempt_at <= now())
+ORDER BY id
+LIMIT $1
+FOR UPDATE SKIP LOCKED";
+
+pub(super) async fn claim_outbox_batch(
+    tx: &mut PgConnection,
+    limit: i64,
+) -> Result<Vec<PendingRow>, sqlx::Error> {
+    let rows = sqlx::query(CLAIM_BATCH).bind(limit).fetch_all(tx).await?;
+    rows.into_iter()
+        .map(|r| {
+            Ok(PendingRow {
+                id: r.try_get("id")?,
+                job_id: r.try_get("job_id")?,
+                kind: r.try_get("kind")?,
+                payload: r.try_get("payload")?,
+                publish_attempts: r.try_get("publish_attempts")?,
+            })
+        })
+        .collect()
+}
+
+pub(super) async fn outbox_has_work(pool: &PgPool) -> Result<bool, sqlx::Error> {
+    sqlx::query_scalar(
+        "SELECT EXISTS (SELECT 1 FROM mailroom_outbox
+         WHERE published_at IS NULL AND parked_at IS NULL
+           AND (next_attempt_at IS NULL OR next_attempt_at <= now()))",
+    )
+    .fetch_one(pool)
+    .await
+}
+
+pub(super) async fn mark_published(tx: &mut PgConnection, ids: &[i64]) -> Result<(), sqlx::Error> {
+    sqlx::query(
+        "UPDATE mailroom_outbox
+         SET published_at = now(), publish_attempts = publish_attempts + 1, last_error = NULL
+         WHERE id = ANY($1)",
+    )
+    .bind(ids)
+    .execute(tx)
+    .await?;
+    Ok(())
+}
+
+pub(super) async fn mark_publish_failed(
+    tx: &mut PgConnection,
+    id: i64,
+    error: &str,
+    retry_in: Duration,
+    park: bool,
+) -> Result<(), sqlx::Error> {
+    sqlx::query(
+        "UPDATE mailroom_outbox
+         SET publish_attempts = publish_attempts + 1, last_error = $2,
+             next_attempt_at = now() + make_interval(secs => $3),
+             parked_at = CASE WHEN $4 THEN now() END
+         WHERE id = $1",
+    )
+    .bind(id)
+    .bind(error)
+    .bind(retry_in.as_secs_f64())
+    .bind(park)
+    .execute(tx)
+    .await?;
+    Ok(())
+}
+
+pub(super) async fn delete_published_before(
+    pool: &PgPool,
+    age: Duration,
+    limit: i64,
+) -> Result<u64, sqlx::Error> {
+    let done = sqlx::query(
+        "DELETE FROM mailroom_outbox WHERE id IN (
+             SELECT id FROM mailroom_outbox
+             WHERE published_at < now() - make_interval(secs => $1)
+             LIMIT $2)",
+    )
+    .bind(age.as_secs_f64())
+    .bind(limit)
+    .execute(pool)
+    .await?;
+    Ok(done.rows_affected())
+}
+
+pub(super) async fn outbox_status(
+    pool: &PgPool,
+    job_id: &str,
+    kind: &str,
+) -> Result<Option<OutboxStatus>, sqlx::Error> {
+    let row = sqlx::query(
+        "SELECT created_at, published_at, publish_attempts, last_error, parked_at
+         FROM mailroom_outbox WHERE job_id = $1 AND kind = $2",
+    )
+    .bind(job_id)
+    .bind(kind)
+    .fetch_optional(pool)
+    .await?;
+    row.map(|r| {
+        Ok(OutboxStatus {
+            created_at: r.try_get("created_at")?,
+            published_at: r.try_get("published_at")?,
+            publish_attempts: r.try_get("publish_attempts")?,
+            last_error: r.try_get("last_error")?,
+            parked: r
+                .try_get::<Option<chrono::DateTime<chrono::Utc>>, _>("parked_at")?
+                .is_some(),
+        })
+    })
+    .transpose()
+}
+
+pub(super) async fn kinds_of_job(pool: &PgPool, job_id: &str) -> Result<Vec<String>, sqlx::Error> {
+    sqlx::query_scalar(
+        "SELECT kind FROM mailroom_outbox WHERE job_id = $1
+         UNION SELECT kind FROM sent_notifications WHERE job_id = $1
+         ORDER BY 1",
+    )
+    .bind(job_id)
+    .fetch_all(pool)
+    .await
 }
 
 fn parse_status(text: String) -> Result<Status, sqlx::Error> {

@@ -74,11 +74,13 @@ async fn three_copies_consumed_by_two_workers_at_once_send_one_email() {
     for _ in 0..3 {
         app.publish(&job).await;
     }
+    // Copies that met the live lease go to a retry tier; RabbitMQ's at-least-once
+    // dead-lettering out of a tier may hand one back more than once, so "at least two".
     eventually(
-        "one send and two duplicates across both workers",
+        "one send and the two other copies turned away across both workers",
         || async {
             let (sa, sb) = (a.stats.snapshot(), b.stats.snapshot());
-            (sa.sent + sb.sent == 1 && sa.duplicates + sb.duplicates == 2).then_some(())
+            (sa.sent + sb.sent == 1 && sa.duplicates + sb.duplicates >= 2).then_some(())
         },
     )
     .await;

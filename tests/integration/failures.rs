@@ -18,8 +18,10 @@ async fn two_451_replies_then_acceptance_send_one_email_on_the_third_attempt() {
         .await;
     assert_eq!(row.attempts, 3);
     worker.stats.wait_until(|s| s.sent == 1).await;
+    // At least the two 451s were retried; RabbitMQ's at-least-once dead-lettering out of a
+    // retry tier may hand back a second copy, which the claim turns away (retried or skipped).
     let snap = worker.stats.snapshot();
-    assert_eq!(snap.retried, 2);
+    assert!(snap.retried >= 2, "{snap:?}");
     worker.stop().await;
     assert_eq!(app.smtp.count(&app.message_id("flaky-smtp", "welcome")), 1);
 }

@@ -11,10 +11,12 @@ use lapin::{BasicProperties, Channel, Connection, options::*, types::AMQPValue};
 use mailroom::broker::{self, Topology};
 use mailroom::cli::{Cli, Command};
 use mailroom::config::SecretUrl;
-use mailroom::db::{Database, Notification};
+use mailroom::db::outbox::{self, EnqueueError, Enqueued};
+use mailroom::db::{Database, Engine, Notification};
+use mailroom::job::EmailJob;
 use mailroom::worker::Stats;
 use serde_json::{Value, json};
-use sqlx::{Connection as _, Executor as _, PgConnection};
+use sqlx::{Connection as _, Executor as _, MySql, MySqlConnection, PgConnection, Postgres};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command as Process};
 use tokio_util::sync::CancellationToken;
@@ -27,6 +29,105 @@ pub const TEST_RETRY_DELAYS: &str = "200ms,500ms,1s";
 pub fn database_url() -> String {
     std::env::var("MAILROOM_TEST_DATABASE_URL")
         .unwrap_or_else(|_| "postgres://mailroom:mailroom@127.0.0.1:5432/mailroom".into())
+}
+
+pub fn mysql_url() -> String {
+    std::env::var("MAILROOM_TEST_MYSQL_URL")
+        .unwrap_or_else(|_| "mysql://mailroom:mailroom@127.0.0.1:3306/mailroom".into())
+}
+
+/// The engine the suite runs against: `MAILROOM_TEST_ENGINE=postgres` (the default) or
+/// `mysql` (MySQL 8 / MariaDB). `scripts/test` runs the integration suite once per engine.
+pub fn engine() -> Engine {
+    match std::env::var("MAILROOM_TEST_ENGINE").as_deref() {
+        Ok("mysql" | "mariadb") => Engine::MySql,
+        Ok("postgres" | "postgresql") | Err(_) => Engine::Postgres,
+        Ok(other) => panic!("MAILROOM_TEST_ENGINE={other}: expected postgres or mysql"),
+    }
+}
+
+/// Creates an empty database of the suite's engine; returns its URL.
+async fn create_database(name: &str) -> String {
+    let admin = match engine() {
+        Engine::Postgres => database_url(),
+        Engine::MySql => mysql_url(),
+    };
+    match engine() {
+        Engine::Postgres => PgConnection::connect(&admin)
+            .await
+            .expect("PostgreSQL is up (scripts/services)")
+            .execute(sqlx::AssertSqlSafe(format!(r#"CREATE DATABASE "{name}""#)))
+            .await
+            .map(drop),
+        Engine::MySql => MySqlConnection::connect(&admin)
+            .await
+            .expect("MariaDB/MySQL is up (scripts/services)")
+            .execute(sqlx::AssertSqlSafe(format!("CREATE DATABASE `{name}`")))
+            .await
+            .map(drop),
+    }
+    .unwrap();
+    let mut url = url::Url::parse(&admin).unwrap();
+    url.set_path(name);
+    url.to_string()
+}
+
+async fn drop_database(name: &str) {
+    match engine() {
+        Engine::Postgres => {
+            if let Ok(mut admin) = PgConnection::connect(&database_url()).await {
+                let drop = format!(r#"DROP DATABASE IF EXISTS "{name}" WITH (FORCE)"#);
+                let _ = admin.execute(sqlx::AssertSqlSafe(drop)).await;
+            }
+        }
+        Engine::MySql => {
+            if let Ok(mut admin) = MySqlConnection::connect(&mysql_url()).await {
+                let drop = format!("DROP DATABASE IF EXISTS `{name}`");
+                let _ = admin.execute(sqlx::AssertSqlSafe(drop)).await;
+            }
+        }
+    }
+}
+
+/// A transaction on the test's database, of either engine, through the public enqueue API.
+pub enum TestTx {
+    Pg(sqlx::Transaction<'static, Postgres>),
+    My(sqlx::Transaction<'static, MySql>),
+}
+
+impl TestTx {
+    /// Runs one statement written in SQL both engines accept.
+    pub async fn execute(&mut self, sql: &str) {
+        let sql = sqlx::AssertSqlSafe(sql.to_string());
+        match self {
+            TestTx::Pg(tx) => tx.execute(sql).await.map(drop),
+            TestTx::My(tx) => tx.execute(sql).await.map(drop),
+        }
+        .unwrap();
+    }
+
+    pub async fn enqueue(&mut self, job: &EmailJob) -> Result<Enqueued, EnqueueError> {
+        match self {
+            TestTx::Pg(tx) => outbox::enqueue(tx, job).await,
+            TestTx::My(tx) => outbox::enqueue(tx, job).await,
+        }
+    }
+
+    pub async fn commit(self) {
+        match self {
+            TestTx::Pg(tx) => tx.commit().await,
+            TestTx::My(tx) => tx.commit().await,
+        }
+        .unwrap()
+    }
+
+    pub async fn rollback(self) {
+        match self {
+            TestTx::Pg(tx) => tx.rollback().await,
+            TestTx::My(tx) => tx.rollback().await,
+        }
+        .unwrap()
+    }
 }
 
 pub fn amqp_url() -> String {
@@ -208,17 +309,7 @@ impl TestApp {
         init_logs();
         let id = uuid::Uuid::new_v4().simple().to_string();
         let db_name = format!("mailroom_test_{}", &id[..16]);
-        let mut admin = PgConnection::connect(&database_url())
-            .await
-            .expect("PostgreSQL is up (scripts/services)");
-        let create = format!(r#"CREATE DATABASE "{db_name}""#);
-        admin
-            .execute(sqlx::query(sqlx::AssertSqlSafe(create)))
-            .await
-            .unwrap();
-        let mut db_url = url::Url::parse(&database_url()).unwrap();
-        db_url.set_path(&db_name);
-        let db_url = db_url.to_string();
+        let db_url = create_database(&db_name).await;
         let db = Database::connect_lazy(&db_url.parse::<SecretUrl>().unwrap(), 8).unwrap();
         db.migrate().await.unwrap();
         let namespace = format!("mr-{}", &id[..12]);
@@ -377,12 +468,44 @@ impl TestApp {
 
     /// Counts rows by status.
     pub async fn count_status(&self, status: &str) -> i64 {
-        let mut conn = PgConnection::connect(&self.db_url).await.unwrap();
-        sqlx::query_scalar("SELECT count(*) FROM sent_notifications WHERE status = $1")
-            .bind(status)
-            .fetch_one(&mut conn)
-            .await
-            .unwrap()
+        assert!(status.chars().all(|c| c.is_ascii_lowercase()));
+        self.count(&format!(
+            "SELECT count(*) FROM sent_notifications WHERE status = '{status}'"
+        ))
+        .await
+    }
+
+    /// Runs a `SELECT count(*) …` written in SQL both engines accept.
+    pub async fn count(&self, sql: &str) -> i64 {
+        let sql = sqlx::AssertSqlSafe(sql.to_string());
+        match &self.db {
+            Database::Postgres(pool) => sqlx::query_scalar(sql).fetch_one(pool).await,
+            Database::MySql(pool) => sqlx::query_scalar(sql).fetch_one(pool).await,
+        }
+        .unwrap()
+    }
+
+    /// Runs one statement written in SQL both engines accept, in a transaction of its own.
+    pub async fn execute(&self, sql: &str) {
+        let sql = sqlx::AssertSqlSafe(sql.to_string());
+        match &self.db {
+            Database::Postgres(pool) => pool.execute(sql).await.map(drop),
+            Database::MySql(pool) => pool.execute(sql).await.map(drop),
+        }
+        .unwrap();
+    }
+
+    /// Begins a transaction on this test's database.
+    pub async fn begin(&self) -> TestTx {
+        match &self.db {
+            Database::Postgres(pool) => TestTx::Pg(pool.begin().await.unwrap()),
+            Database::MySql(pool) => TestTx::My(pool.begin().await.unwrap()),
+        }
+    }
+
+    /// Enqueues in a transaction of its own.
+    pub async fn enqueue(&self, job: &EmailJob) -> Result<Enqueued, EnqueueError> {
+        self.db.enqueue(job).await
     }
 
     /// Takes every message from the dead-letter queue (waiting for `n` of them).
@@ -461,10 +584,7 @@ impl Drop for TestApp {
                             .await;
                     }
                 }
-                if let Ok(mut admin) = PgConnection::connect(&database_url()).await {
-                    let drop = format!(r#"DROP DATABASE IF EXISTS "{db_name}" WITH (FORCE)"#);
-                    let _ = admin.execute(sqlx::query(sqlx::AssertSqlSafe(drop))).await;
-                }
+                drop_database(&db_name).await;
             });
         })
         .join();
@@ -642,11 +762,6 @@ impl TestApp {
             .expect("start mailroom relay")
     }
 
-    /// A connection to this test's database.
-    pub async fn pg(&self) -> PgConnection {
-        PgConnection::connect(&self.db_url).await.unwrap()
-    }
-
     /// The job as the Rust enqueue API takes it.
     pub fn email_job(&self, job_id: &str) -> mailroom::job::EmailJob {
         serde_json::from_value(self.job(job_id)).unwrap()
@@ -654,10 +769,8 @@ impl TestApp {
 
     /// Rows in the outbox not yet published.
     pub async fn unpublished(&self) -> i64 {
-        sqlx::query_scalar("SELECT count(*) FROM mailroom_outbox WHERE published_at IS NULL")
-            .fetch_one(&mut self.pg().await)
+        self.count("SELECT count(*) FROM mailroom_outbox WHERE published_at IS NULL")
             .await
-            .unwrap()
     }
 }
 

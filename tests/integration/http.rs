@@ -37,6 +37,7 @@ impl Api {
             amqp: app.amqp_url.parse::<UrlList>().unwrap(),
             templates: Some(Arc::new(templates)),
             token: Some(TOKEN.into()),
+            relay_wake: None,
         });
         let shutdown = CancellationToken::new();
         tokio::spawn(http::serve(listener, state, shutdown.clone()));

@@ -2,17 +2,14 @@
 
 use std::collections::HashSet;
 
-use mailroom::db::outbox::{self, Enqueued};
-use sqlx::{Connection as _, Executor as _};
+use mailroom::db::Engine;
+use mailroom::db::outbox::Enqueued;
 
 use crate::helpers::*;
 
 async fn create_orders_table(app: &TestApp) {
-    app.pg()
-        .await
-        .execute("CREATE TABLE orders (id BIGINT PRIMARY KEY)")
-        .await
-        .unwrap();
+    app.execute("CREATE TABLE orders (id BIGINT PRIMARY KEY)")
+        .await;
 }
 
 #[tokio::test]
@@ -21,28 +18,29 @@ async fn committed_enqueue_sends_one_email_and_rolled_back_enqueue_sends_none() 
     create_orders_table(&app).await;
     let worker = app.start_worker(&[]);
     let relay = app.start_relay(&[]);
-    let pool = app.db.postgres();
 
-    let mut tx = pool.begin().await.unwrap();
-    sqlx::query("INSERT INTO orders (id) VALUES (1)")
-        .execute(&mut *tx)
+    let mut tx = app.begin().await;
+    tx.execute("INSERT INTO orders (id) VALUES (1)").await;
+    tx.enqueue(&app.email_job("order-1-rolled-back"))
         .await
         .unwrap();
-    outbox::enqueue(&mut tx, &app.email_job("order-1-rolled-back"))
-        .await
-        .unwrap();
-    tx.rollback().await.unwrap();
+    tx.rollback().await;
 
-    let mut tx = pool.begin().await.unwrap();
-    sqlx::query("INSERT INTO orders (id) VALUES (2)")
-        .execute(&mut *tx)
-        .await
-        .unwrap();
-    let done = outbox::enqueue(&mut tx, &app.email_job("order-2-committed"))
+    let mut tx = app.begin().await;
+    tx.execute("INSERT INTO orders (id) VALUES (2)").await;
+    let done = tx
+        .enqueue(&app.email_job("order-2-committed"))
         .await
         .unwrap();
     assert!(matches!(done, Enqueued::New(_)));
-    tx.commit().await.unwrap();
+    // A duplicate inside the same transaction is reported, and leaves the transaction usable.
+    let again = tx
+        .enqueue(&app.email_job("order-2-committed"))
+        .await
+        .unwrap();
+    assert_eq!(again, Enqueued::AlreadyQueued);
+    tx.execute("INSERT INTO orders (id) VALUES (3)").await;
+    tx.commit().await;
 
     app.wait_for_row("order-2-committed", "welcome", "row sent", |n| {
         n.status.as_str() == "sent"
@@ -66,16 +64,9 @@ async fn committed_enqueue_sends_one_email_and_rolled_back_enqueue_sends_none() 
 #[tokio::test]
 async fn enqueueing_the_same_key_twice_is_a_no_op_and_sends_once() {
     let app = TestApp::spawn().await;
-    let mut conn = app.pg().await;
     let job = app.email_job("twice");
-    assert!(matches!(
-        outbox::enqueue_on(&mut conn, &job).await.unwrap(),
-        Enqueued::New(_)
-    ));
-    assert_eq!(
-        outbox::enqueue_on(&mut conn, &job).await.unwrap(),
-        Enqueued::AlreadyQueued
-    );
+    assert!(matches!(app.enqueue(&job).await.unwrap(), Enqueued::New(_)));
+    assert_eq!(app.enqueue(&job).await.unwrap(), Enqueued::AlreadyQueued);
     let worker = app.start_worker(&[]);
     let relay = app.start_relay(&[]);
     app.wait_for_row("twice", "welcome", "row sent", |n| {
@@ -92,15 +83,16 @@ async fn invalid_jobs_are_refused_at_enqueue_naming_the_field() {
     let app = TestApp::spawn().await;
     let mut job = app.email_job("bad-address");
     job.to = vec!["not an address".into()];
-    let err = outbox::enqueue_on(&mut app.pg().await, &job)
-        .await
-        .unwrap_err();
+    let err = app.enqueue(&job).await.unwrap_err();
     assert!(err.to_string().contains("to[0]"), "{err}");
     assert_eq!(app.unpublished().await, 0);
 }
 
 #[tokio::test]
 async fn a_notification_wakes_the_relay_long_before_its_fallback_poll() {
+    if engine() != Engine::Postgres {
+        return eprintln!("skipped: LISTEN/NOTIFY is PostgreSQL's (MySQL polls, tested below)");
+    }
     let app = TestApp::spawn().await;
     let worker = app.start_worker(&[]);
     // With a one-hour fallback poll, only NOTIFY can deliver this job within the test's patience.
@@ -109,10 +101,39 @@ async fn a_notification_wakes_the_relay_long_before_its_fallback_poll() {
         (relay.stats.scans.load(std::sync::atomic::Ordering::Relaxed) >= 1).then_some(())
     })
     .await;
-    outbox::enqueue_on(&mut app.pg().await, &app.email_job("notified"))
-        .await
-        .unwrap();
+    app.enqueue(&app.email_job("notified")).await.unwrap();
     app.smtp.wait_for(1).await;
+    relay.stop().await;
+    worker.stop().await;
+}
+
+#[tokio::test]
+async fn an_idle_mysql_relay_polls_without_locks_and_picks_up_a_new_row() {
+    if engine() != Engine::MySql {
+        return eprintln!("skipped: the adaptive poll is MySQL's (PostgreSQL uses NOTIFY)");
+    }
+    let app = TestApp::spawn().await;
+    let worker = app.start_worker(&[]);
+    let relay = app.start_relay(&["--relay-poll-min", "10ms", "--relay-poll-max", "100ms"]);
+    let load = |c: &std::sync::atomic::AtomicU64| c.load(std::sync::atomic::Ordering::Relaxed);
+    eventually("the relay's first scan", || async {
+        (load(&relay.stats.scans) >= 1).then_some(())
+    })
+    .await;
+    let scans = load(&relay.stats.scans);
+    let probes = load(&relay.stats.probes);
+    eventually("five idle polls", || async {
+        (load(&relay.stats.probes) >= probes + 5).then_some(())
+    })
+    .await;
+    assert_eq!(
+        load(&relay.stats.scans),
+        scans,
+        "an idle poll is a lock-free probe, not a locking scan"
+    );
+    app.enqueue(&app.email_job("polled")).await.unwrap();
+    app.smtp.wait_for(1).await;
+    assert!(load(&relay.stats.scans) > scans);
     relay.stop().await;
     worker.stop().await;
 }
@@ -122,19 +143,18 @@ async fn a_row_committed_after_a_later_id_was_published_is_still_published() {
     let app = TestApp::spawn().await;
     let worker = app.start_worker(&[]);
     let relay = app.start_relay(&[]);
-    let mut slow = app.pg().await;
-    let mut tx = slow.begin().await.unwrap();
-    outbox::enqueue(&mut tx, &app.email_job("early-id-late-commit"))
+    let mut tx = app.begin().await;
+    tx.enqueue(&app.email_job("early-id-late-commit"))
         .await
         .unwrap();
-    outbox::enqueue_on(&mut app.pg().await, &app.email_job("late-id-early-commit"))
+    app.enqueue(&app.email_job("late-id-early-commit"))
         .await
         .unwrap();
     app.wait_for_row("late-id-early-commit", "welcome", "later row sent", |n| {
         n.status.as_str() == "sent"
     })
     .await;
-    tx.commit().await.unwrap();
+    tx.commit().await;
     app.wait_for_row("early-id-late-commit", "welcome", "earlier row sent", |n| {
         n.status.as_str() == "sent"
     })
@@ -148,14 +168,13 @@ async fn a_row_committed_after_a_later_id_was_published_is_still_published() {
 async fn two_relays_on_5000_rows_send_every_job_exactly_once() {
     let app = TestApp::spawn().await;
     let total = 5000;
-    let mut conn = app.pg().await;
-    let mut tx = conn.begin().await.unwrap();
+    let mut tx = app.begin().await;
     for i in 0..total {
-        outbox::enqueue(&mut tx, &app.email_job(&format!("bulk-{i}")))
+        tx.enqueue(&app.email_job(&format!("bulk-{i}")))
             .await
             .unwrap();
     }
-    tx.commit().await.unwrap();
+    tx.commit().await;
     let a = app.start_relay(&["--relay-batch", "100"]);
     let b = app.start_relay(&["--relay-batch", "100"]);
     let worker = app.start_worker(&["--concurrency", "32", "--prefetch", "64"]);
@@ -187,9 +206,7 @@ async fn two_relays_on_5000_rows_send_every_job_exactly_once() {
 async fn relay_killed_between_confirm_and_mark_publishes_again_and_sends_once() {
     let app = TestApp::spawn().await;
     let worker = app.start_worker(&[]);
-    outbox::enqueue_on(&mut app.pg().await, &app.email_job("relay-crash"))
-        .await
-        .unwrap();
+    app.enqueue(&app.email_job("relay-crash")).await.unwrap();
     let mut crashing =
         app.spawn_relay_process(&[], &[("MAILROOM_FAILPOINTS", "relay.after_confirm=abort")]);
     let status = tokio::time::timeout(PATIENCE, crashing.wait())
@@ -227,9 +244,7 @@ async fn unroutable_rows_stay_unpublished_with_a_reason_until_the_queue_is_back(
     })
     .await;
     app.delete_work_queue().await;
-    outbox::enqueue_on(&mut app.pg().await, &app.email_job("unroutable"))
-        .await
-        .unwrap();
+    app.enqueue(&app.email_job("unroutable")).await.unwrap();
     let status = eventually("a refused publish", || async {
         let s = mailroom::status::job_status(&app.db, "unroutable", Some("welcome"))
             .await
@@ -290,8 +305,7 @@ async fn the_python_example_sends_on_commit_and_nothing_on_rollback() {
     let app = TestApp::spawn().await;
     let worker = app.start_worker(&[]);
     let relay = app.start_relay(&[]);
-    let example =
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/outbox_psycopg.py");
+    let example = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/outbox.py");
     for (order, rollback) in [("7", true), ("8", false)] {
         let mut cmd = tokio::process::Command::new("/usr/bin/python3");
         cmd.arg(&example)

@@ -1,0 +1,343 @@
+//! MySQL 8 / MariaDB ≥ 10.6 (InnoDB) statements of the claim ledger and the outbox.
+//!
+//! MySQL has no `ON CONFLICT … RETURNING`, so the claim is a plain `INSERT` whose duplicate-key
+//! error (1062) is caught, then a guarded `UPDATE` that takes over only a claimable row. Neither
+//! `INSERT IGNORE` (it turns unrelated errors into warnings) nor `ON DUPLICATE KEY UPDATE` row
+//! counts (sqlx sets CLIENT_FOUND_ROWS, so "inserted" and "updated" look alike) are used; the
+//! guarded `UPDATE`'s count is exact because its WHERE clause is the guard.
+//!
+//! Times are `DATETIME(6)` in UTC from the database clock (`UTC_TIMESTAMP(6)`), whatever the
+//! session time zone, so leases agree across workers and producers in any language.
+
+use std::time::Duration;
+
+use sqlx::mysql::MySqlDatabaseError;
+use sqlx::{MySqlConnection, MySqlPool, QueryBuilder, Row};
+use uuid::Uuid;
+
+use super::notifications::{Claim, ClaimRequest, ExistingClaim, Notification, Record, Status};
+use super::outbox::{OutboxStatus, PendingRow};
+
+/// MySQL's "Duplicate entry … for key …".
+const ER_DUP_ENTRY: u16 = 1062;
+
+fn is_duplicate_key(e: &sqlx::Error) -> bool {
+    matches!(e, sqlx::Error::Database(db)
+        if db.try_downcast_ref::<MySqlDatabaseError>().is_some_and(|m| m.number() == ER_DUP_ENTRY))
+}
+
+fn micros(d: Duration) -> i64 {
+    i64::try_from(d.as_micros()).unwrap_or(i64::MAX)
+}
+
+// ---- the claim ledger ----
+
+const INSERT_CLAIM: &str = "
+INSERT INTO sent_notifications
+    (job_id, kind, status, attempts, lease_until, claim_token, message_id)
+VALUES (?, ?, 'sending', 1, UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, ?, ?)";
+
+/// Takes over a row that may be retried; the same guard as PostgreSQL's `ON CONFLICT … WHERE`.
+const TAKE_OVER: &str = "
+UPDATE sent_notifications
+SET status = 'sending',
+    attempts = attempts + 1,
+    lease_until = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND,
+    claim_token = ?,
+    updated_at = UTC_TIMESTAMP(6)
+WHERE job_id = ? AND kind = ?
+  AND (status = 'failed'
+       OR (? AND status = 'sending' AND lease_until < UTC_TIMESTAMP(6))
+       OR (? AND status = 'uncertain')
+       OR (? AND status IN ('dead', 'uncertain', 'failed')))";
+
+const READ_CLAIM: &str = "
+SELECT status, attempts, claim_token,
+       CASE WHEN lease_until > UTC_TIMESTAMP(6)
+            THEN TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), lease_until) END AS lease_left_us
+FROM sent_notifications WHERE job_id = ? AND kind = ?";
+
+pub(super) async fn claim(pool: &MySqlPool, req: &ClaimRequest<'_>) -> Result<Claim, sqlx::Error> {
+    let token = Uuid::new_v4();
+    let lease = micros(req.lease);
+    let inserted = sqlx::query(INSERT_CLAIM)
+        .bind(req.job_id)
+        .bind(req.kind)
+        .bind(lease)
+        .bind(token)
+        .bind(req.message_id)
+        .execute(pool)
+        .await;
+    match inserted {
+        Ok(_) => return Ok(Claim::Claimed { attempt: 1, token }),
+        Err(e) if is_duplicate_key(&e) => {}
+        Err(e) => return Err(e),
+    }
+    let taken = sqlx::query(TAKE_OVER)
+        .bind(lease)
+        .bind(token)
+        .bind(req.job_id)
+        .bind(req.kind)
+        .bind(req.resend_uncertain)
+        .bind(req.resend_uncertain)
+        .bind(req.replay)
+        .execute(pool)
+        .await?
+        .rows_affected();
+    // A fresh statement (READ COMMITTED) sees the row as it is now, ours or someone else's.
+    let Some(row) = sqlx::query(READ_CLAIM)
+        .bind(req.job_id)
+        .bind(req.kind)
+        .fetch_optional(pool)
+        .await?
+    else {
+        return Ok(Claim::Refused(None));
+    };
+    let attempts: i32 = row.try_get("attempts")?;
+    let holder: Option<Uuid> = row.try_get("claim_token")?;
+    if taken == 1 && holder == Some(token) {
+        return Ok(Claim::Claimed {
+            attempt: attempts,
+            token,
+        });
+    }
+    // Taken over and lost again within the two statements (a lease shorter than a round trip,
+    // in practice never): report the row as it is; the delivery retries shortly.
+    Ok(Claim::Refused(Some(ExistingClaim {
+        status: parse_status(row.try_get("status")?)?,
+        attempts,
+        lease_remaining: row
+            .try_get::<Option<i64>, _>("lease_left_us")?
+            .map(|us| Duration::from_micros(us.max(0) as u64)),
+    })))
+}
+
+/// With a token: only the claim holder may record. Without: only over an expired `sending` row.
+/// (MySQL applies SET assignments left to right, so `sent_at` tests the bound status, not the
+/// column just assigned.)
+const RECORD: &str = "
+UPDATE sent_notifications
+SET status = ?,
+    smtp_reply = COALESCE(?, smtp_reply),
+    last_error = ?,
+    lease_until = NULL,
+    sent_at = CASE WHEN ? = 'sent' THEN UTC_TIMESTAMP(6) ELSE sent_at END,
+    updated_at = UTC_TIMESTAMP(6)
+WHERE job_id = ? AND kind = ?
+  AND (claim_token = ? OR (? IS NULL AND status = 'sending' AND lease_until < UTC_TIMESTAMP(6)))";
+
+pub(super) async fn record(pool: &MySqlPool, r: &Record<'_>) -> Result<bool, sqlx::Error> {
+    let done = sqlx::query(RECORD)
+        .bind(r.status.as_str())
+        .bind(r.smtp_reply)
+        .bind(r.error)
+        .bind(r.status.as_str())
+        .bind(r.job_id)
+        .bind(r.kind)
+        .bind(r.token)
+        .bind(r.token)
+        .execute(pool)
+        .await?;
+    Ok(done.rows_affected() == 1)
+}
+
+const NOTIFICATION: &str = "
+SELECT job_id, kind, status, attempts, message_id, smtp_reply, last_error,
+       created_at, updated_at, sent_at
+FROM sent_notifications WHERE job_id = ? AND kind = ?";
+
+pub(super) async fn notification(
+    pool: &MySqlPool,
+    job_id: &str,
+    kind: &str,
+) -> Result<Option<Notification>, sqlx::Error> {
+    let Some(row) = sqlx::query(NOTIFICATION)
+        .bind(job_id)
+        .bind(kind)
+        .fetch_optional(pool)
+        .await?
+    else {
+        return Ok(None);
+    };
+    Ok(Some(Notification {
+        job_id: row.try_get("job_id")?,
+        kind: row.try_get("kind")?,
+        status: parse_status(row.try_get("status")?)?,
+        attempts: row.try_get("attempts")?,
+        message_id: row.try_get("message_id")?,
+        smtp_reply: row.try_get("smtp_reply")?,
+        last_error: row.try_get("last_error")?,
+        created_at: row.try_get("created_at")?,
+        updated_at: row.try_get("updated_at")?,
+        sent_at: row.try_get("sent_at")?,
+    }))
+}
+
+fn parse_status(text: String) -> Result<Status, sqlx::Error> {
+    Status::parse(&text)
+        .ok_or_else(|| sqlx::Error::Decode(format!("unknown status {text:?}").into()))
+}
+
+// ---- the outbox ----
+
+/// A plain `INSERT`; a duplicate key fails only this statement (InnoDB rolls back the
+/// statement, not the caller's transaction), so it is caught and reported as a duplicate.
+pub(super) async fn insert_outbox_row(
+    conn: &mut MySqlConnection,
+    job_id: &str,
+    kind: &str,
+    payload: String,
+) -> Result<Option<i64>, sqlx::Error> {
+    let done = sqlx::query("INSERT INTO mailroom_outbox (job_id, kind, payload) VALUES (?, ?, ?)")
+        .bind(job_id)
+        .bind(kind)
+        .bind(payload)
+        .execute(conn)
+        .await;
+    match done {
+        Ok(done) => Ok(Some(done.last_insert_id() as i64)),
+        Err(e) if is_duplicate_key(&e) => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+const CLAIM_BATCH: &str = "
+SELECT id, job_id, kind, CAST(payload AS CHAR) AS payload, publish_attempts
+FROM mailroom_outbox
+WHERE published_at IS NULL AND parked_at IS NULL
+  AND (next_attempt_at IS NULL OR next_attempt_at <= UTC_TIMESTAMP(6))
+ORDER BY id
+LIMIT ?
+FOR UPDATE SKIP LOCKED";
+
+pub(super) async fn claim_outbox_batch(
+    tx: &mut MySqlConnection,
+    limit: i64,
+) -> Result<Vec<PendingRow>, sqlx::Error> {
+    let rows = sqlx::query(CLAIM_BATCH).bind(limit).fetch_all(tx).await?;
+    rows.into_iter()
+        .map(|r| {
+            Ok(PendingRow {
+                id: r.try_get("id")?,
+                job_id: r.try_get("job_id")?,
+                kind: r.try_get("kind")?,
+                payload: r.try_get("payload")?,
+                publish_attempts: r.try_get("publish_attempts")?,
+            })
+        })
+        .collect()
+}
+
+pub(super) async fn outbox_has_work(pool: &MySqlPool) -> Result<bool, sqlx::Error> {
+    let found: Option<i64> = sqlx::query_scalar(
+        "SELECT id FROM mailroom_outbox
+         WHERE published_at IS NULL AND parked_at IS NULL
+           AND (next_attempt_at IS NULL OR next_attempt_at <= UTC_TIMESTAMP(6))
+         LIMIT 1",
+    )
+    .fetch_optional(pool)
+    .await?;
+    Ok(found.is_some())
+}
+
+pub(super) async fn mark_published(
+    tx: &mut MySqlConnection,
+    ids: &[i64],
+) -> Result<(), sqlx::Error> {
+    let mut q = QueryBuilder::new(
+        "UPDATE mailroom_outbox
+         SET published_at = UTC_TIMESTAMP(6), publish_attempts = publish_attempts + 1,
+             last_error = NULL
+         WHERE id IN (",
+    );
+    let mut list = q.separated(", ");
+    for id in ids {
+        list.push_bind(*id);
+    }
+    q.push(")");
+    q.build().execute(tx).await?;
+    Ok(())
+}
+
+pub(super) async fn mark_publish_failed(
+    tx: &mut MySqlConnection,
+    id: i64,
+    error: &str,
+    retry_in: Duration,
+    park: bool,
+) -> Result<(), sqlx::Error> {
+    sqlx::query(
+        "UPDATE mailroom_outbox
+         SET publish_attempts = publish_attempts + 1, last_error = ?,
+             next_attempt_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND,
+             parked_at = CASE WHEN ? THEN UTC_TIMESTAMP(6) END
+         WHERE id = ?",
+    )
+    .bind(error)
+    .bind(micros(retry_in))
+    .bind(park)
+    .bind(id)
+    .execute(tx)
+    .await?;
+    Ok(())
+}
+
+pub(super) async fn delete_published_before(
+    pool: &MySqlPool,
+    age: Duration,
+    limit: i64,
+) -> Result<u64, sqlx::Error> {
+    let done = sqlx::query(
+        "DELETE FROM mailroom_outbox
+         WHERE published_at < UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND
+         ORDER BY published_at
+         LIMIT ?",
+    )
+    .bind(micros(age))
+    .bind(limit)
+    .execute(pool)
+    .await?;
+    Ok(done.rows_affected())
+}
+
+pub(super) async fn outbox_status(
+    pool: &MySqlPool,
+    job_id: &str,
+    kind: &str,
+) -> Result<Option<OutboxStatus>, sqlx::Error> {
+    let row = sqlx::query(
+        "SELECT created_at, published_at, publish_attempts, last_error, parked_at
+         FROM mailroom_outbox WHERE job_id = ? AND kind = ?",
+    )
+    .bind(job_id)
+    .bind(kind)
+    .fetch_optional(pool)
+    .await?;
+    row.map(|r| {
+        Ok(OutboxStatus {
+            created_at: r.try_get("created_at")?,
+            published_at: r.try_get("published_at")?,
+            publish_attempts: r.try_get("publish_attempts")?,
+            last_error: r.try_get("last_error")?,
+            parked: r
+                .try_get::<Option<chrono::DateTime<chrono::Utc>>, _>("parked_at")?
+                .is_some(),
+        })
+    })
+    .transpose()
+}
+
+pub(super) async fn kinds_of_job(
+    pool: &MySqlPool,
+    job_id: &str,
+) -> Result<Vec<String>, sqlx::Error> {
+    sqlx::query_scalar(
+        "SELECT kind FROM mailroom_outbox WHERE job_id = ?
+         UNION SELECT kind FROM sent_notifications WHERE job_id = ?
+         ORDER BY 1",
+    )
+    .bind(job_id)
+    .bind(job_id)
+    .fetch_all(pool)
+    .await
+}
