@@ -217,3 +217,15 @@ pub async fn kinds_of_job(
     .fetch_all(conn)
     .await
 }
+
+/// Age in seconds of the oldest unpublished, unparked outbox row (the relay lag), or `None` when
+/// the relay is caught up. Oldest by id, which follows the pending index: one row read.
+pub async fn oldest_unpublished_age(pool: &sqlx::PgPool) -> Result<Option<f64>, sqlx::Error> {
+    sqlx::query_scalar(
+        "SELECT EXTRACT(EPOCH FROM (now() - created_at))::float8 FROM mailroom_outbox
+         WHERE published_at IS NULL AND parked_at IS NULL
+         ORDER BY id LIMIT 1",
+    )
+    .fetch_optional(pool)
+    .await
+}

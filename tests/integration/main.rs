@@ -14,5 +14,6 @@ mod dlq;
 mod failures;
 mod http;
 mod lifecycle;
+mod operating;
 mod outbox;
 mod templates;
