@@ -1,15 +1,19 @@
-//! The HTTP API (axum): enqueue a job, read its status, metrics, health and readiness.
+//! The HTTP API (axum): enqueue a job, read its status, the dead-letter queue, metrics, health
+//! and readiness.
 //!
 //! - `POST /v1/emails`: a job as JSON; the `Idempotency-Key` header, when present, becomes the
 //!   job_id. Validated like everywhere else, written to the outbox, `202 Accepted` with a
 //!   `Location` to poll. Posting the same key again is accepted and writes nothing.
 //! - `GET /v1/emails/{job_id}/{kind}`: the job's state (see [`crate::status`]).
+//! - `/v1/dlq…`: the dead-letter queue ([`dlq`]): list, show, replay, purge.
 //! - `GET /metrics`: Prometheus text ([`crate::metrics`]).
 //! - `GET /healthz` (the process runs) and `GET /readyz` (database and broker reachable).
 //!
 //! `/v1` requires `Authorization: Bearer <MAILROOM_API_TOKEN>`. Without a token the server
 //! refuses to listen on anything but a loopback address. `/metrics`, like the health checks,
 //! needs no token: it holds counts, template names and a revision, no job data.
+
+mod dlq;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -62,6 +66,10 @@ pub fn router(state: Arc<ApiState>) -> Router {
     let api = Router::new()
         .route("/v1/emails", post(enqueue))
         .route("/v1/emails/{job_id}/{kind}", get(status))
+        .route("/v1/dlq", get(dlq::list))
+        .route("/v1/dlq/replay", post(dlq::replay))
+        .route("/v1/dlq/purge", post(dlq::purge))
+        .route("/v1/dlq/{job_id}", get(dlq::show))
         .route_layer(middleware::from_fn_with_state(state.clone(), require_token));
     Router::new()
         .route("/healthz", get(|| async { "ok" }))
