@@ -15,6 +15,7 @@ use std::sync::Arc;
 
 use axum::{
     Json,
+    body::Bytes,
     extract::{Path, Query, State},
     http::StatusCode,
     response::{IntoResponse, Response},
@@ -70,6 +71,17 @@ impl SelectionBody {
             _ => Selection::Ids(self.ids.clone()),
         })
     }
+}
+
+/// The body as JSON whatever its Content-Type (`curl -d` sends a form type), as `/v1/emails`.
+fn parse(body: &[u8]) -> Result<SelectionBody, Box<Response>> {
+    serde_json::from_slice(body).map_err(|e| {
+        Box::new(error(
+            StatusCode::BAD_REQUEST,
+            None,
+            &format!("body is not a selection: {e}"),
+        ))
+    })
 }
 
 async fn connect(state: &ApiState) -> anyhow::Result<DeadLetters> {
@@ -129,10 +141,11 @@ pub(super) async fn show(
     }
 }
 
-pub(super) async fn replay(
-    State(state): State<Arc<ApiState>>,
-    Json(body): Json<SelectionBody>,
-) -> Response {
+pub(super) async fn replay(State(state): State<Arc<ApiState>>, body: Bytes) -> Response {
+    let body = match parse(&body) {
+        Ok(b) => b,
+        Err(r) => return *r,
+    };
     let selection = match body.selection() {
         Ok(s) => s,
         Err(why) => return error(StatusCode::BAD_REQUEST, None, why),
@@ -162,10 +175,11 @@ pub(super) async fn replay(
     response
 }
 
-pub(super) async fn purge(
-    State(state): State<Arc<ApiState>>,
-    Json(body): Json<SelectionBody>,
-) -> Response {
+pub(super) async fn purge(State(state): State<Arc<ApiState>>, body: Bytes) -> Response {
+    let body = match parse(&body) {
+        Ok(b) => b,
+        Err(r) => return *r,
+    };
     let selection = match body.selection() {
         Ok(s) => s,
         Err(why) => return error(StatusCode::BAD_REQUEST, None, why),
