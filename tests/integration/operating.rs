@@ -275,6 +275,50 @@ async fn a_worker_process_serves_metrics_on_its_own_address_and_reloads_on_sighu
     terminate(&worker).await;
 }
 
+#[tokio::test]
+async fn mailroom_run_reports_worker_and_relay_counters_on_its_http_metrics() {
+    let app = TestApp::spawn().await;
+    let addr = format!("127.0.0.1:{}", free_port());
+    let mut args = vec!["run".to_string()];
+    args.extend(app.worker_args(&["--relay-poll", "1s", "--http-addr", &addr]));
+    let run = tokio::process::Command::new(env!("CARGO_BIN_EXE_mailroom"))
+        .args(&args)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(if std::env::var_os("TEST_LOG").is_some() {
+            std::process::Stdio::inherit()
+        } else {
+            std::process::Stdio::null()
+        })
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut tx = app.db.postgres().begin().await.unwrap();
+    mailroom::db::outbox::enqueue(&mut tx, &app.email_job("run-1"))
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    app.smtp.wait_for(1).await;
+    let client = reqwest::Client::new();
+    let text = eventually("sent and published counted", || async {
+        let resp = client
+            .get(format!("http://{addr}/metrics"))
+            .send()
+            .await
+            .ok()?;
+        let text = resp.text().await.ok()?;
+        (sample(&text, "mailroom_sent_total") == Some(1.0)).then_some(text)
+    })
+    .await;
+    assert_eq!(sample(&text, "mailroom_relay_published_total"), Some(1.0));
+    assert_eq!(sample(&text, "mailroom_relay_lag_seconds"), Some(0.0));
+    assert_eq!(
+        sample(&text, "mailroom_end_to_end_seconds_count"),
+        Some(1.0)
+    );
+    terminate(&run).await;
+}
+
 async fn dlq_get(api: &Api, path: &str, token: Option<&str>) -> (u16, Value) {
     let mut req = api.client.get(format!("{}{path}", api.base));
     if let Some(token) = token {
