@@ -208,10 +208,7 @@ impl WorkerArgs {
         live: Arc<LiveTemplates>,
         shutdown: &tokio_util::sync::CancellationToken,
     ) -> anyhow::Result<()> {
-        let hup = live.clone();
-        crate::shutdown::on_hangup(move || hup.request_reload(), shutdown)?;
-        tokio::spawn(live.watch(self.template_reload_interval, shutdown.clone()));
-        Ok(())
+        follow_templates(live, self.template_reload_interval, shutdown)
     }
 
     /// Resolves and validates the options, loads the templates, and builds the worker.
@@ -259,6 +256,18 @@ impl WorkerArgs {
         };
         Ok(Worker::new(settings, db, Arc::new(templates), mailer))
     }
+}
+
+/// Polls `live`'s directory every `interval`, and reloads it on SIGHUP, until `shutdown`.
+pub fn follow_templates(
+    live: Arc<LiveTemplates>,
+    interval: Duration,
+    shutdown: &tokio_util::sync::CancellationToken,
+) -> anyhow::Result<()> {
+    let hup = live.clone();
+    crate::shutdown::on_hangup(move || hup.request_reload(), shutdown)?;
+    tokio::spawn(live.watch(interval, shutdown.clone()));
+    Ok(())
 }
 
 /// The job described on the command line, for `publish` and `enqueue`.

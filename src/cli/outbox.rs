@@ -153,12 +153,7 @@ impl ServeArgs {
                 let loaded = Templates::load(&dir)
                     .with_context(|| format!("loading templates from {}", dir.display()))?;
                 let live = Arc::new(LiveTemplates::new(dir, loaded));
-                let hup = live.clone();
-                crate::shutdown::on_hangup(move || hup.request_reload(), &shutdown)?;
-                tokio::spawn(
-                    live.clone()
-                        .watch(self.template_reload_interval, shutdown.clone()),
-                );
+                super::follow_templates(live.clone(), self.template_reload_interval, &shutdown)?;
                 Some(live)
             }
             None => None,
@@ -197,7 +192,7 @@ impl RunArgs {
             &self.worker.db,
             &self.worker.broker,
             Some(worker.templates()),
-            metrics.clone(),
+            metrics,
         )?;
         let extra = self
             .worker

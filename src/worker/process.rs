@@ -246,7 +246,7 @@ impl Worker {
         match result {
             Ok(true) => {
                 failpoint::hit("worker.after_record").await;
-                tracing::info!(reply, "sent");
+                tracing::info!(reply, templates = revision, "sent");
                 Outcome::Ack { duplicate: false }
             }
             Ok(false) => {
