@@ -9,7 +9,7 @@ use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
 use lettre::message::Mailbox;
 
-mod dlq;
+pub(crate) mod dlq;
 mod dlq_print;
 pub mod outbox;
 mod templates;
@@ -18,7 +18,8 @@ use crate::broker::{self, Topology};
 use crate::config::{self, Delays, OnUncertain, SecretUrl, UrlList};
 use crate::db::Database;
 use crate::job::EmailJob;
-use crate::render::Templates;
+use crate::metrics::Metrics;
+use crate::render::{LiveTemplates, Templates};
 use crate::smtp::{Mailer, MailerSettings};
 use crate::telemetry::LogFormat;
 use crate::worker::{Worker, WorkerSettings};
@@ -143,9 +144,73 @@ pub struct WorkerArgs {
     /// On SIGTERM/SIGINT, how long deliveries in flight may take to finish.
     #[arg(long, env = "MAILROOM_SHUTDOWN_GRACE", default_value = "30s", value_parser = config::parse_duration)]
     pub shutdown_grace: Duration,
+    /// How often the template directory is checked for edits (SIGHUP checks at once). A good
+    /// edit is used by the next email; a broken one is logged and the last good set keeps
+    /// sending.
+    #[arg(long, env = "MAILROOM_TEMPLATE_RELOAD_INTERVAL", default_value = "2s", value_parser = config::parse_duration)]
+    pub template_reload_interval: Duration,
+    #[command(flatten)]
+    pub metrics: MetricsOptions,
+}
+
+/// An optional listener of its own for `/metrics`, for processes without the HTTP API.
+#[derive(Debug, Args)]
+pub struct MetricsOptions {
+    /// Serve /metrics (Prometheus) and /healthz on this address, e.g. 0.0.0.0:9090.
+    #[arg(long, env = "MAILROOM_METRICS_ADDR")]
+    pub metrics_addr: Option<std::net::SocketAddr>,
+}
+
+impl MetricsOptions {
+    /// Binds and serves `metrics` until `shutdown`, when an address was given.
+    pub async fn spawn(
+        &self,
+        metrics: Metrics,
+        shutdown: &tokio_util::sync::CancellationToken,
+    ) -> anyhow::Result<Option<tokio::task::JoinHandle<anyhow::Result<()>>>> {
+        let Some(addr) = self.metrics_addr else {
+            return Ok(None);
+        };
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .with_context(|| format!("listening on {addr} for metrics"))?;
+        let stop = shutdown.clone();
+        Ok(Some(tokio::spawn(crate::http::serve_metrics(
+            listener, metrics, stop,
+        ))))
+    }
 }
 
 impl WorkerArgs {
+    /// Runs the worker, the template watcher (and SIGHUP) and the optional metrics listener
+    /// until SIGTERM/SIGINT.
+    pub async fn run(&self) -> anyhow::Result<()> {
+        let shutdown = crate::shutdown::on_signals()?;
+        let worker = self.build()?;
+        self.watch_templates(worker.templates(), &shutdown)?;
+        let metrics = Metrics {
+            worker: Some(worker.stats()),
+            templates: Some(worker.templates()),
+            ..Metrics::default()
+        };
+        let server = self.metrics.spawn(metrics, &shutdown).await?;
+        let result = worker.run(shutdown.clone()).await;
+        shutdown.cancel();
+        if let Some(server) = server {
+            server.await??;
+        }
+        result
+    }
+
+    /// Starts polling the template directory, and reloading on SIGHUP, until `shutdown`.
+    pub fn watch_templates(
+        &self,
+        live: Arc<LiveTemplates>,
+        shutdown: &tokio_util::sync::CancellationToken,
+    ) -> anyhow::Result<()> {
+        follow_templates(live, self.template_reload_interval, shutdown)
+    }
+
     /// Resolves and validates the options, loads the templates, and builds the worker.
     pub fn build(&self) -> anyhow::Result<Worker> {
         if self.lease <= self.smtp_timeout {
@@ -157,8 +222,9 @@ impl WorkerArgs {
         }
         let templates = std::path::absolute(&self.templates)
             .with_context(|| format!("template directory {}", self.templates.display()))?;
-        let templates = Templates::load(&templates)
+        let loaded = Templates::load(&templates)
             .with_context(|| format!("loading templates from {}", templates.display()))?;
+        let templates = LiveTemplates::new(templates, loaded);
         let domain = match &self.message_id_domain {
             Some(d) => d.clone(),
             None => self.from.email.domain().to_string(),
@@ -190,6 +256,18 @@ impl WorkerArgs {
         };
         Ok(Worker::new(settings, db, Arc::new(templates), mailer))
     }
+}
+
+/// Polls `live`'s directory every `interval`, and reloads it on SIGHUP, until `shutdown`.
+pub fn follow_templates(
+    live: Arc<LiveTemplates>,
+    interval: Duration,
+    shutdown: &tokio_util::sync::CancellationToken,
+) -> anyhow::Result<()> {
+    let hup = live.clone();
+    crate::shutdown::on_hangup(move || hup.request_reload(), shutdown)?;
+    tokio::spawn(live.watch(interval, shutdown.clone()));
+    Ok(())
 }
 
 /// The job described on the command line, for `publish` and `enqueue`.
@@ -275,10 +353,7 @@ impl Cli {
                 tracing::info!("migrations applied");
                 Ok(())
             }
-            Command::Worker(args) => {
-                let shutdown = crate::shutdown::on_signals()?;
-                args.build()?.run(shutdown).await
-            }
+            Command::Worker(args) => args.run().await,
             Command::Publish(args) => args.run().await,
             Command::Relay(args) => args.run().await,
             Command::Run(args) => args.run().await,

@@ -13,6 +13,8 @@
 //! | `MAILROOM_ON_UNCERTAIN` | `resend` or `dead-letter` |
 //! | `MAILROOM_LEASE`, `MAILROOM_SMTP_TIMEOUT`, `MAILROOM_RETRY_DELAYS`, `MAILROOM_MAX_ATTEMPTS` | see `mailroom worker --help` |
 //! | `MAILROOM_CONCURRENCY`, `MAILROOM_PREFETCH`, `MAILROOM_SMTP_CONNECTIONS`, `MAILROOM_SHUTDOWN_GRACE` | see `mailroom worker --help` |
+//! | `MAILROOM_TEMPLATE_RELOAD_INTERVAL` | how often `worker`, `run` and `serve` check the template directory for edits |
+//! | `MAILROOM_METRICS_ADDR` | an own `/metrics` listener for `worker` or `relay` |
 //!
 //! URLs are held in [`SecretUrl`], whose `Display` and `Debug` never show a password, and
 //! `--help` never prints the values found in the environment.

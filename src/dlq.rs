@@ -166,6 +166,7 @@ pub struct Row {
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
     pub sent_at: Option<DateTime<Utc>>,
+    pub template_revision: Option<String>,
 }
 
 impl From<Notification> for Row {
@@ -179,6 +180,7 @@ impl From<Notification> for Row {
             created_at: n.created_at,
             updated_at: n.updated_at,
             sent_at: n.sent_at,
+            template_revision: n.template_revision,
         }
     }
 }

@@ -1,13 +1,19 @@
-//! The HTTP API (axum): enqueue a job, read its status, health and readiness.
+//! The HTTP API (axum): enqueue a job, read its status, the dead-letter queue, metrics, health
+//! and readiness.
 //!
 //! - `POST /v1/emails`: a job as JSON; the `Idempotency-Key` header, when present, becomes the
 //!   job_id. Validated like everywhere else, written to the outbox, `202 Accepted` with a
 //!   `Location` to poll. Posting the same key again is accepted and writes nothing.
 //! - `GET /v1/emails/{job_id}/{kind}`: the job's state (see [`crate::status`]).
+//! - `/v1/dlq…`: the dead-letter queue ([`dlq`]): list, show, replay, purge.
+//! - `GET /metrics`: Prometheus text ([`crate::metrics`]).
 //! - `GET /healthz` (the process runs) and `GET /readyz` (database and broker reachable).
 //!
 //! `/v1` requires `Authorization: Bearer <MAILROOM_API_TOKEN>`. Without a token the server
-//! refuses to listen on anything but a loopback address.
+//! refuses to listen on anything but a loopback address. `/metrics`, like the health checks,
+//! needs no token: it holds counts, template names and a revision, no job data.
+
+mod dlq;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -23,21 +29,28 @@ use axum::{
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
+use crate::broker::Topology;
 use crate::config::UrlList;
 use crate::db::Database;
 use crate::db::outbox::{EnqueueError, Enqueued};
 use crate::job::{EmailJob, JobError};
-use crate::render::Templates;
+use crate::metrics::Metrics;
+use crate::render::LiveTemplates;
 
 /// What the handlers share.
 pub struct ApiState {
     pub db: Database,
     pub amqp: UrlList,
-    /// When set, jobs naming a kind without a template are refused at once.
-    pub templates: Option<Arc<Templates>>,
+    /// The exchanges and queues, for the dead-letter endpoints.
+    pub topology: Topology,
+    /// When set, jobs naming a kind without a template are refused at once, and dead-letter
+    /// dry runs render with them.
+    pub templates: Option<Arc<LiveTemplates>>,
     pub token: Option<String>,
     /// The relay of the same process (`mailroom run`), woken after each new outbox row.
     pub relay_wake: Option<Arc<tokio::sync::Notify>>,
+    /// What `/metrics` reports.
+    pub metrics: Metrics,
 }
 
 /// Refuses a configuration that would expose an unauthenticated API beyond this machine.
@@ -55,12 +68,56 @@ pub fn router(state: Arc<ApiState>) -> Router {
     let api = Router::new()
         .route("/v1/emails", post(enqueue))
         .route("/v1/emails/{job_id}/{kind}", get(status))
+        .route("/v1/dlq", get(dlq::list))
+        .route("/v1/dlq/replay", post(dlq::replay))
+        .route("/v1/dlq/purge", post(dlq::purge))
+        .route("/v1/dlq/{job_id}", get(dlq::show))
         .route_layer(middleware::from_fn_with_state(state.clone(), require_token));
     Router::new()
         .route("/healthz", get(|| async { "ok" }))
+        .route("/metrics", get(metrics))
         .route("/readyz", get(ready))
         .merge(api)
         .with_state(state)
+}
+
+/// A router with `/metrics` and `/healthz` only, for `worker` and `relay --metrics-addr`.
+pub fn metrics_router(metrics: Metrics) -> Router {
+    Router::new()
+        .route("/healthz", get(|| async { "ok" }))
+        .route(
+            "/metrics",
+            get(|State(m): State<Arc<Metrics>>| async move { exposition(&m).await }),
+        )
+        .with_state(Arc::new(metrics))
+}
+
+/// Serves [`metrics_router`] on `listener` until `shutdown` is cancelled.
+pub async fn serve_metrics(
+    listener: tokio::net::TcpListener,
+    metrics: Metrics,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
+    tracing::info!(addr = %listener.local_addr()?, "metrics listening");
+    axum::serve(listener, metrics_router(metrics))
+        .with_graceful_shutdown(async move { shutdown.cancelled().await })
+        .await?;
+    Ok(())
+}
+
+async fn metrics(State(state): State<Arc<ApiState>>) -> Response {
+    exposition(&state.metrics).await
+}
+
+async fn exposition(metrics: &Metrics) -> Response {
+    (
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        metrics.render().await,
+    )
+        .into_response()
 }
 
 /// Serves on `listener` until `shutdown` is cancelled.
@@ -138,7 +195,7 @@ async fn enqueue(
         Err(e) => return job_error(&e),
     };
     if let Some(templates) = &state.templates
-        && !templates.contains(&job.kind)
+        && !templates.current().contains(&job.kind)
     {
         return error(
             StatusCode::BAD_REQUEST,

@@ -10,6 +10,7 @@
 //! - [`render`]: Handlebars templates → subject, text and HTML;
 //! - [`smtp`]: MIME building, the deterministic Message-ID, sending and error classes;
 //! - [`dlq`]: the dead-letter queue: list, show, replay, purge;
+//! - [`http`], [`metrics`], [`status`]: the HTTP API, `/metrics`, a job's state;
 //! - [`config`], [`cli`], [`telemetry`], [`shutdown`]: the process around them;
 //! - [`failpoint`]: crash points for the fault tests.
 
@@ -21,6 +22,7 @@ pub mod dlq;
 pub mod failpoint;
 pub mod http;
 pub mod job;
+pub mod metrics;
 pub mod relay;
 pub mod render;
 pub mod shutdown;

@@ -25,6 +25,8 @@ pub struct JobStatus {
     pub published_at: Option<DateTime<Utc>>,
     pub updated_at: Option<DateTime<Utc>>,
     pub sent_at: Option<DateTime<Utc>>,
+    /// Revision (content hash) of the template set that rendered the sent email.
+    pub template_revision: Option<String>,
 }
 
 /// The status of `(job_id, kind)`, or of every kind of `job_id` when `kind` is `None`.
@@ -73,6 +75,7 @@ pub async fn job_status(
             published_at: queued.as_ref().and_then(|q| q.published_at),
             updated_at: ledger.as_ref().map(|n| n.updated_at),
             sent_at: ledger.as_ref().and_then(|n| n.sent_at),
+            template_revision: ledger.as_ref().and_then(|n| n.template_revision.clone()),
         });
     }
     Ok(out)
@@ -93,6 +96,9 @@ impl fmt::Display for JobStatus {
             if let Some(at) = at {
                 write!(f, ", {what} {}", at.format("%Y-%m-%d %H:%M:%S%.3fZ"))?;
             }
+        }
+        if let Some(revision) = &self.template_revision {
+            write!(f, ", templates {revision}")?;
         }
         if let Some(reply) = &self.smtp_reply {
             write!(f, ", SMTP {reply}")?;

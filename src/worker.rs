@@ -28,7 +28,7 @@ use tracing::Instrument;
 use crate::broker::{self, Topology};
 use crate::config::{OnUncertain, UrlList};
 use crate::db::Database;
-use crate::render::Templates;
+use crate::render::LiveTemplates;
 use crate::smtp::Mailer;
 
 pub use process::{ErrorClass, Outcome};
@@ -55,7 +55,7 @@ pub struct WorkerSettings {
 pub struct Worker {
     settings: WorkerSettings,
     db: Database,
-    templates: Arc<Templates>,
+    templates: Arc<LiveTemplates>,
     mailer: Mailer,
     stats: Arc<Stats>,
 }
@@ -64,7 +64,7 @@ impl Worker {
     pub fn new(
         settings: WorkerSettings,
         db: Database,
-        templates: Arc<Templates>,
+        templates: Arc<LiveTemplates>,
         mailer: Mailer,
     ) -> Worker {
         Worker {
@@ -76,8 +76,8 @@ impl Worker {
         }
     }
 
-    /// The templates this worker renders with.
-    pub fn templates(&self) -> Arc<Templates> {
+    /// The templates this worker renders with (each delivery takes one snapshot).
+    pub fn templates(&self) -> Arc<LiveTemplates> {
         self.templates.clone()
     }
 
@@ -203,8 +203,10 @@ impl Worker {
 
     async fn handle(&self, publisher: &Channel, delivery: lapin::message::Delivery) {
         Stats::bump(&self.stats.received);
+        self.stats.in_flight_add(1);
         let outcome = self.process(&delivery).await;
         self.settle(publisher, &delivery, outcome).await;
+        self.stats.in_flight_add(-1);
         self.stats.settled();
     }
 }

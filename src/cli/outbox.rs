@@ -10,13 +10,14 @@ use anyhow::Context;
 use clap::Args;
 use tokio::sync::Notify;
 
-use super::{BrokerArgs, DatabaseArgs, WorkerArgs};
+use super::{BrokerArgs, DatabaseArgs, MetricsOptions, WorkerArgs};
 use crate::config;
 use crate::db::Database;
 use crate::db::outbox::Enqueued;
 use crate::http::{self, ApiState};
+use crate::metrics::Metrics;
 use crate::relay::{Relay, RelaySettings};
-use crate::render::Templates;
+use crate::render::{LiveTemplates, Templates};
 
 #[derive(Debug, Args)]
 pub struct RelayOptions {
@@ -65,6 +66,8 @@ pub struct RelayArgs {
     pub broker: BrokerArgs,
     #[command(flatten)]
     pub relay: RelayOptions,
+    #[command(flatten)]
+    pub metrics: MetricsOptions,
 }
 
 impl RelayArgs {
@@ -75,7 +78,19 @@ impl RelayArgs {
 
     pub async fn run(&self) -> anyhow::Result<()> {
         let shutdown = crate::shutdown::on_signals()?;
-        self.build()?.run(shutdown).await
+        let relay = self.build()?;
+        let metrics = Metrics {
+            relay: Some(relay.stats()),
+            db: Some(Database::connect_lazy(&self.db.database_url, 1)?),
+            ..Metrics::default()
+        };
+        let server = self.metrics.spawn(metrics, &shutdown).await?;
+        let result = relay.run(shutdown.clone()).await;
+        shutdown.cancel();
+        if let Some(server) = server {
+            server.await??;
+        }
+        result
     }
 }
 
@@ -98,16 +113,25 @@ impl HttpOptions {
             .with_context(|| format!("listening on {}", self.http_addr))
     }
 
+    /// The handlers' state; `metrics` gets the API's database for the relay lag.
     fn state(
         &self,
         db: &DatabaseArgs,
         broker: &BrokerArgs,
-        templates: Option<Arc<Templates>>,
+        templates: Option<Arc<LiveTemplates>>,
+        metrics: Metrics,
         relay_wake: Option<Arc<Notify>>,
     ) -> anyhow::Result<Arc<ApiState>> {
+        let db = Database::connect_lazy(&db.database_url, 8)?;
         Ok(Arc::new(ApiState {
-            db: Database::connect_lazy(&db.database_url, 8)?,
+            metrics: Metrics {
+                db: Some(db.clone()),
+                templates: templates.clone(),
+                ..metrics
+            },
+            db,
             amqp: broker.amqp_url.clone(),
+            topology: broker.topology(),
             templates,
             token: self.api_token.clone(),
             relay_wake,
@@ -123,9 +147,13 @@ pub struct ServeArgs {
     pub broker: BrokerArgs,
     #[command(flatten)]
     pub http: HttpOptions,
-    /// Template directory; when given, jobs of a kind without a template are refused with 400.
+    /// Template directory; when given, jobs of a kind without a template are refused with 400
+    /// and `/v1/dlq/replay` can dry-run. Followed live, like the worker's.
     #[arg(long, env = "MAILROOM_TEMPLATES")]
     pub templates: Option<PathBuf>,
+    /// How often the template directory is checked for edits (SIGHUP checks at once).
+    #[arg(long, env = "MAILROOM_TEMPLATE_RELOAD_INTERVAL", default_value = "2s", value_parser = config::parse_duration)]
+    pub template_reload_interval: Duration,
 }
 
 impl ServeArgs {
@@ -133,19 +161,21 @@ impl ServeArgs {
         let shutdown = crate::shutdown::on_signals()?;
         let templates = match &self.templates {
             Some(dir) => {
-                Some(Arc::new(Templates::load(dir).with_context(|| {
-                    format!("loading templates from {}", dir.display())
-                })?))
+                let dir = std::path::absolute(dir)
+                    .with_context(|| format!("template directory {}", dir.display()))?;
+                let loaded = Templates::load(&dir)
+                    .with_context(|| format!("loading templates from {}", dir.display()))?;
+                let live = Arc::new(LiveTemplates::new(dir, loaded));
+                super::follow_templates(live.clone(), self.template_reload_interval, &shutdown)?;
+                Some(live)
             }
             None => None,
         };
         let listener = self.http.bind().await?;
-        http::serve(
-            listener,
-            self.http.state(&self.db, &self.broker, templates, None)?,
-            shutdown,
-        )
-        .await
+        let state = self
+            .http
+            .state(&self.db, &self.broker, templates, Metrics::default(), None)?;
+        http::serve(listener, state, shutdown).await
     }
 }
 
@@ -163,19 +193,35 @@ impl RunArgs {
     pub async fn run(&self) -> anyhow::Result<()> {
         let shutdown = crate::shutdown::on_signals()?;
         let worker = self.worker.build()?;
+        self.worker.watch_templates(worker.templates(), &shutdown)?;
         let relay = self.relay.build(&self.worker.db, &self.worker.broker)?;
         let listener = self.http.bind().await?;
+        let metrics = Metrics {
+            worker: Some(worker.stats()),
+            relay: Some(relay.stats()),
+            ..Metrics::default()
+        };
         let state = self.http.state(
             &self.worker.db,
             &self.worker.broker,
             Some(worker.templates()),
+            metrics,
             Some(relay.waker()),
         )?;
+        let extra = self
+            .worker
+            .metrics
+            .spawn(state.metrics.clone(), &shutdown)
+            .await?;
         let (w, r, h) = tokio::join!(
             worker.run(shutdown.clone()),
             relay.run(shutdown.clone()),
-            http::serve(listener, state, shutdown)
+            http::serve(listener, state, shutdown.clone())
         );
+        if let Some(extra) = extra {
+            shutdown.cancel();
+            extra.await??;
+        }
         w.and(r).and(h)
     }
 }

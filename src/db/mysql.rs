@@ -120,17 +120,24 @@ UPDATE sent_notifications
 SET status = ?,
     smtp_reply = COALESCE(?, smtp_reply),
     last_error = ?,
+    template_revision = COALESCE(?, template_revision),
     lease_until = NULL,
     sent_at = CASE WHEN ? = 'sent' THEN UTC_TIMESTAMP(6) ELSE sent_at END,
     updated_at = UTC_TIMESTAMP(6)
 WHERE job_id = ? AND kind = ?
   AND (claim_token = ? OR (? IS NULL AND status = 'sending' AND lease_until < UTC_TIMESTAMP(6)))";
 
-pub(super) async fn record(pool: &MySqlPool, r: &Record<'_>) -> Result<bool, sqlx::Error> {
+/// Records a result; `revision` is the template revision that rendered a sent email.
+pub(super) async fn record(
+    pool: &MySqlPool,
+    r: &Record<'_>,
+    revision: Option<&str>,
+) -> Result<bool, sqlx::Error> {
     let done = sqlx::query(RECORD)
         .bind(r.status.as_str())
         .bind(r.smtp_reply)
         .bind(r.error)
+        .bind(revision)
         .bind(r.status.as_str())
         .bind(r.job_id)
         .bind(r.kind)
@@ -143,7 +150,7 @@ pub(super) async fn record(pool: &MySqlPool, r: &Record<'_>) -> Result<bool, sql
 
 const NOTIFICATION: &str = "
 SELECT job_id, kind, status, attempts, message_id, smtp_reply, last_error,
-       created_at, updated_at, sent_at
+       created_at, updated_at, sent_at, template_revision
 FROM sent_notifications WHERE job_id = ? AND kind = ?";
 
 pub(super) async fn notification(
@@ -170,6 +177,7 @@ pub(super) async fn notification(
         created_at: row.try_get("created_at")?,
         updated_at: row.try_get("updated_at")?,
         sent_at: row.try_get("sent_at")?,
+        template_revision: row.try_get("template_revision")?,
     }))
 }
 
@@ -325,6 +333,17 @@ pub(super) async fn outbox_status(
         })
     })
     .transpose()
+}
+
+pub(super) async fn oldest_unpublished_age(pool: &MySqlPool) -> Result<Option<f64>, sqlx::Error> {
+    let micros: Option<i64> = sqlx::query_scalar(
+        "SELECT TIMESTAMPDIFF(MICROSECOND, created_at, UTC_TIMESTAMP(6)) FROM mailroom_outbox
+         WHERE published_at IS NULL AND parked_at IS NULL
+         ORDER BY published_at, parked_at, id LIMIT 1",
+    )
+    .fetch_optional(pool)
+    .await?;
+    Ok(micros.map(|us| us as f64 / 1e6))
 }
 
 pub(super) async fn kinds_of_job(

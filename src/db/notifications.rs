@@ -139,6 +139,8 @@ pub struct Notification {
     pub created_at: chrono::DateTime<chrono::Utc>,
     pub updated_at: chrono::DateTime<chrono::Utc>,
     pub sent_at: Option<chrono::DateTime<chrono::Utc>>,
+    /// Revision (content hash) of the template set that rendered the sent email.
+    pub template_revision: Option<String>,
 }
 
 /// The result to record after an attempt.
@@ -165,9 +167,19 @@ impl Database {
     /// Records the result of an attempt. Returns false when the row was no longer ours
     /// (lease taken over): the caller logs it, the new owner's result stands.
     pub async fn record(&self, record: &Record<'_>) -> Result<bool, sqlx::Error> {
+        self.record_with_revision(record, None).await
+    }
+
+    /// [`Database::record`], also storing the template revision that rendered the email (kept
+    /// as it was when `None`).
+    pub async fn record_with_revision(
+        &self,
+        record: &Record<'_>,
+        revision: Option<&str>,
+    ) -> Result<bool, sqlx::Error> {
         match self {
-            Database::Postgres(pool) => postgres::record(pool, record).await,
-            Database::MySql(pool) => mysql::record(pool, record).await,
+            Database::Postgres(pool) => postgres::record(pool, record, revision).await,
+            Database::MySql(pool) => mysql::record(pool, record, revision).await,
         }
     }
 

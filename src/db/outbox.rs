@@ -254,6 +254,15 @@ impl Database {
         }
     }
 
+    /// Age in seconds of the oldest unpublished, unparked outbox row (the relay lag), or `None`
+    /// when the relay is caught up. Oldest by id, which follows the pending index: one row read.
+    pub async fn oldest_unpublished_age(&self) -> Result<Option<f64>, sqlx::Error> {
+        match self {
+            Database::Postgres(pool) => postgres::oldest_unpublished_age(pool).await,
+            Database::MySql(pool) => mysql::oldest_unpublished_age(pool).await,
+        }
+    }
+
     /// Every kind known for `job_id`, in the outbox or the ledger, sorted.
     pub async fn kinds_of_job(&self, job_id: &str) -> Result<Vec<String>, sqlx::Error> {
         match self {

@@ -73,13 +73,19 @@ UPDATE sent_notifications
 SET status = $3,
     smtp_reply = COALESCE($4, smtp_reply),
     last_error = $5,
+    template_revision = COALESCE($7, template_revision),
     lease_until = NULL,
     sent_at = CASE WHEN $3 = 'sent' THEN now() ELSE sent_at END,
     updated_at = now()
 WHERE job_id = $1 AND kind = $2
   AND (claim_token = $6 OR ($6 IS NULL AND status = 'sending' AND lease_until < now()))";
 
-pub(super) async fn record(pool: &PgPool, r: &Record<'_>) -> Result<bool, sqlx::Error> {
+/// Records a result; `revision` is the template revision that rendered a sent email.
+pub(super) async fn record(
+    pool: &PgPool,
+    r: &Record<'_>,
+    revision: Option<&str>,
+) -> Result<bool, sqlx::Error> {
     let done = sqlx::query(RECORD)
         .bind(r.job_id)
         .bind(r.kind)
@@ -87,6 +93,7 @@ pub(super) async fn record(pool: &PgPool, r: &Record<'_>) -> Result<bool, sqlx::
         .bind(r.smtp_reply)
         .bind(r.error)
         .bind(r.token)
+        .bind(revision)
         .execute(pool)
         .await?;
     Ok(done.rows_affected() == 1)
@@ -94,7 +101,7 @@ pub(super) async fn record(pool: &PgPool, r: &Record<'_>) -> Result<bool, sqlx::
 
 const NOTIFICATION: &str = "
 SELECT job_id, kind, status, attempts, message_id, smtp_reply, last_error,
-       created_at, updated_at, sent_at
+       created_at, updated_at, sent_at, template_revision
 FROM sent_notifications WHERE job_id = $1 AND kind = $2";
 
 pub(super) async fn notification(
@@ -121,6 +128,7 @@ pub(super) async fn notification(
         created_at: row.try_get("created_at")?,
         updated_at: row.try_get("updated_at")?,
         sent_at: row.try_get("sent_at")?,
+        template_revision: row.try_get("template_revision")?,
     }))
 }
 
@@ -272,6 +280,16 @@ pub(super) async fn kinds_of_job(pool: &PgPool, job_id: &str) -> Result<Vec<Stri
     )
     .bind(job_id)
     .fetch_all(pool)
+    .await
+}
+
+pub(super) async fn oldest_unpublished_age(pool: &PgPool) -> Result<Option<f64>, sqlx::Error> {
+    sqlx::query_scalar(
+        "SELECT EXTRACT(EPOCH FROM (now() - created_at))::float8 FROM mailroom_outbox
+         WHERE published_at IS NULL AND parked_at IS NULL
+         ORDER BY id LIMIT 1",
+    )
+    .fetch_optional(pool)
     .await
 }
 

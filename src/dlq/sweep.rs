@@ -69,7 +69,7 @@ impl DeadLetters {
     pub async fn replay(
         &self,
         selection: &Selection,
-        progress: &mut dyn FnMut(Progress),
+        progress: &mut (dyn FnMut(Progress) + Send),
     ) -> anyhow::Result<Report> {
         self.sweep(selection, Action::Replay, progress).await
     }
@@ -78,7 +78,7 @@ impl DeadLetters {
     pub async fn purge(
         &self,
         selection: &Selection,
-        progress: &mut dyn FnMut(Progress),
+        progress: &mut (dyn FnMut(Progress) + Send),
     ) -> anyhow::Result<Report> {
         self.sweep(selection, Action::Purge, progress).await
     }
@@ -125,7 +125,7 @@ impl DeadLetters {
         &self,
         selection: &Selection,
         action: Action,
-        progress: &mut dyn FnMut(Progress),
+        progress: &mut (dyn FnMut(Progress) + Send),
     ) -> anyhow::Result<Report> {
         let mut pass = Pass::open(&self.conn, &self.topology.dead).await?;
         let mut publisher = match action {

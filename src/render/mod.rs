@@ -14,13 +14,15 @@
 //! renders any job whose data has the sample's shape. Rendering looks the kind up in memory only:
 //! a kind name never becomes a path.
 //!
-//! Loading is the only I/O. To pick up edits without a restart, call [`Templates::load`] again and
-//! swap the shared `Arc` only when it succeeds; the last good set keeps sending meanwhile.
+//! Loading is the only I/O. [`LiveTemplates`] picks up edits without a restart: it calls
+//! [`Templates::load`] again when the directory changes and swaps the shared `Arc` only when it
+//! succeeds; the last good set keeps sending meanwhile.
 
 mod build;
 mod error;
 mod helpers;
 mod lint;
+mod live;
 mod scan;
 #[cfg(test)]
 mod tests;
@@ -33,6 +35,7 @@ use handlebars::Handlebars;
 use serde_json::Value;
 
 pub use error::{RenderError, TemplateError};
+pub use live::LiveTemplates;
 
 /// A compiled, validated set of templates loaded from one directory.
 pub struct Templates {

@@ -2,7 +2,7 @@
 //! record. No database transaction is held across the SMTP call: the claim and each record are
 //! single statements, and the lease keeps other workers away in between.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use backon::{BackoffBuilder, ExponentialBuilder, Retryable};
 use lapin::message::Delivery;
@@ -14,6 +14,7 @@ use crate::config::OnUncertain;
 use crate::db::notifications::{Claim, ClaimRequest, Record, Refusal, Status, judge_refusal};
 use crate::failpoint;
 use crate::job::{EmailJob, ValidJob, mask_addresses, mask_email};
+use crate::render::Templates;
 use crate::smtp::SendError;
 
 /// Extra wait past a live lease before trying again, so the retry lands after it expired.
@@ -88,7 +89,9 @@ impl Worker {
         if let Some(first) = job.to.first() {
             span.record("to", mask_email(first.email.as_ref()).as_str());
         }
-        if !self.templates.contains(&job.job.kind) {
+        // One snapshot per delivery: a reload mid-delivery never mixes two revisions.
+        let templates = self.templates.current();
+        if !templates.contains(&job.job.kind) {
             let reason = format!("unknown kind {:?}: no such template", job.job.kind);
             return dead(ErrorClass::Invalid, reason, 0);
         }
@@ -109,7 +112,7 @@ impl Worker {
         match claim {
             Claim::Claimed { attempt, token } => {
                 tracing::Span::current().record("attempt", attempt);
-                self.send_claimed(&job, attempt, token).await
+                self.send_claimed(&job, attempt, token, &templates).await
             }
             Claim::Refused(existing) => self.refused(&job, existing.as_ref()).await,
         }
@@ -147,10 +150,16 @@ impl Worker {
         }
     }
 
-    async fn send_claimed(&self, job: &ValidJob, attempt: i32, token: Uuid) -> Outcome {
+    async fn send_claimed(
+        &self,
+        job: &ValidJob,
+        attempt: i32,
+        token: Uuid,
+        templates: &Templates,
+    ) -> Outcome {
         failpoint::hit("worker.after_claim").await;
         let j = &job.job;
-        let rendered = match self.templates.render(&j.kind, j.locale.as_deref(), &j.data) {
+        let rendered = match templates.render(&j.kind, j.locale.as_deref(), &j.data) {
             Ok(r) => r,
             Err(e) => {
                 return self
@@ -166,10 +175,18 @@ impl Worker {
                     .await;
             }
         };
-        match self.mailer.send(&message).await {
+        let started = Instant::now();
+        let sent = self.mailer.send(&message).await;
+        self.stats.smtp_latency.observe(started.elapsed());
+        match sent {
             Ok(reply) => {
+                if let Some(created) = j.created_at {
+                    let age = (chrono::Utc::now() - created).to_std().unwrap_or_default();
+                    self.stats.end_to_end.observe(age);
+                }
                 failpoint::hit("worker.after_smtp_ok").await;
-                self.record_sent(job, token, &reply).await
+                self.record_sent(job, token, &reply, templates.revision())
+                    .await
             }
             Err(SendError::Permanent { reason }) => {
                 self.give_up(job, token, attempt, ErrorClass::Rejected, reason)
@@ -202,7 +219,13 @@ impl Worker {
     /// Records `sent`, retrying while the database is down: the delivery must not be acked
     /// before the record is durable. If it never becomes durable within the lease, the job goes
     /// to a retry tier; the next claim finds the lease expired and resends (documented window).
-    async fn record_sent(&self, job: &ValidJob, token: Uuid, reply: &str) -> Outcome {
+    async fn record_sent(
+        &self,
+        job: &ValidJob,
+        token: Uuid,
+        reply: &str,
+        revision: &str,
+    ) -> Outcome {
         let record = Record {
             job_id: &job.job.job_id,
             kind: &job.job.kind,
@@ -216,14 +239,14 @@ impl Worker {
             .with_max_delay(Duration::from_secs(5))
             .with_total_delay(Some(self.settings.lease / 2))
             .without_max_times();
-        let result = (|| self.db.record(&record))
+        let result = (|| self.db.record_with_revision(&record, Some(revision)))
             .retry(policy)
             .notify(|e, wait| tracing::warn!(error = %e, retry_in = ?wait, "cannot record sent; retrying"))
             .await;
         match result {
             Ok(true) => {
                 failpoint::hit("worker.after_record").await;
-                tracing::info!(reply, "sent");
+                tracing::info!(reply, templates = revision, "sent");
                 Outcome::Ack { duplicate: false }
             }
             Ok(false) => {

@@ -90,14 +90,14 @@ impl Worker {
                 .await
                 {
                     Ok(()) => {
-                        Stats::bump(&stats.dead_lettered);
+                        stats.dead_lettered(&self.kind_label(delivery), class.as_str());
                         self.ack(delivery).await;
                     }
                     Err(e) => {
                         // The queue's own dead-letter exchange keeps the message (at-least-once),
                         // without our reason headers; the reason is in this log line.
                         tracing::error!(error = %e, class = class.as_str(), reason = mask_addresses(&reason), "cannot publish to the dead-letter exchange; rejecting to the queue's DLX");
-                        Stats::bump(&stats.dead_lettered);
+                        stats.dead_lettered(&self.kind_label(delivery), class.as_str());
                         self.reject(delivery, false).await;
                     }
                 }
@@ -120,6 +120,17 @@ impl Worker {
                 self.unsettled("reject not sent: the channel is closed; the broker will redeliver")
             }
             Err(e) => self.unsettled(&format!("reject failed ({e}); the broker will redeliver")),
+        }
+    }
+
+    /// The kind as a metric label: the routing key when it names a template, else `other`, so
+    /// that whoever can publish cannot create unbounded series.
+    fn kind_label(&self, delivery: &Delivery) -> String {
+        let key = delivery.routing_key.as_str();
+        if self.templates.current().contains(key) {
+            key.to_owned()
+        } else {
+            "other".to_owned()
         }
     }
 

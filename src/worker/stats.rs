@@ -1,9 +1,13 @@
-//! Counters of what the worker did, shared by its tasks. Tests (and later the metrics
-//! endpoint) read them; every settled delivery bumps a generation number that can be awaited.
+//! Counters of what the worker did, shared by its tasks. Tests and `/metrics`
+//! ([`crate::metrics`]) read them; every settled delivery bumps a generation number that can be
+//! awaited.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 
 use tokio::sync::watch;
+
+use crate::metrics::{END_TO_END_BUCKETS, Histogram, LabelCounts, SMTP_BUCKETS};
 
 /// Counts since the worker started.
 #[derive(Debug)]
@@ -15,6 +19,13 @@ pub struct Stats {
     pub dead_lettered: AtomicU64,
     /// Settle actions the broker may not have seen (ack on a closed channel, failed republish).
     pub unsettled: AtomicU64,
+    /// Dead-lettered, by (kind, error class).
+    dead_by: Mutex<LabelCounts>,
+    in_flight: AtomicI64,
+    /// Duration of each SMTP send, whatever its result.
+    pub smtp_latency: Histogram,
+    /// Job `created_at` → SMTP accepted.
+    pub end_to_end: Histogram,
     settled: watch::Sender<u64>,
 }
 
@@ -38,6 +49,10 @@ impl Default for Stats {
             retried: AtomicU64::new(0),
             dead_lettered: AtomicU64::new(0),
             unsettled: AtomicU64::new(0),
+            dead_by: Mutex::default(),
+            in_flight: AtomicI64::new(0),
+            smtp_latency: Histogram::new(SMTP_BUCKETS),
+            end_to_end: Histogram::new(END_TO_END_BUCKETS),
             settled: watch::channel(0).0,
         }
     }
@@ -46,6 +61,31 @@ impl Default for Stats {
 impl Stats {
     pub(crate) fn bump(counter: &AtomicU64) {
         counter.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Counts one dead letter of `kind` and `class` (also in the total).
+    pub(crate) fn dead_lettered(&self, kind: &str, class: &str) {
+        Stats::bump(&self.dead_lettered);
+        let mut by = self.dead_by.lock().unwrap_or_else(|e| e.into_inner());
+        *by.entry((kind.to_owned(), class.to_owned())).or_default() += 1;
+    }
+
+    /// Dead letters by (kind, class).
+    pub fn dead_lettered_by(&self) -> LabelCounts {
+        self.dead_by
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// A delivery started (`+1`) or settled (`-1`).
+    pub(crate) fn in_flight_add(&self, n: i64) {
+        self.in_flight.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// Deliveries being processed now.
+    pub fn in_flight(&self) -> i64 {
+        self.in_flight.load(Ordering::Relaxed)
     }
 
     /// Marks one delivery as settled and wakes whoever waits on [`Stats::wait_until`].

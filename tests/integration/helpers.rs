@@ -14,6 +14,7 @@ use mailroom::config::SecretUrl;
 use mailroom::db::outbox::{self, EnqueueError, Enqueued};
 use mailroom::db::{Database, Engine, Notification};
 use mailroom::job::EmailJob;
+use mailroom::render::LiveTemplates;
 use mailroom::worker::Stats;
 use serde_json::{Value, json};
 use sqlx::{Connection as _, Executor as _, MySql, MySqlConnection, PgConnection, Postgres};
@@ -382,6 +383,24 @@ impl TestApp {
         };
         let worker = args.build().unwrap();
         Running::spawn(worker.stats(), |stop| tokio::spawn(worker.run(stop)))
+    }
+
+    /// Starts a worker in this process that follows its template directory like `mailroom
+    /// worker` (polling every `--template-reload-interval`); returns its live template set too.
+    pub fn start_live_worker(&self, extra: &[&str]) -> (RunningWorker, Arc<LiveTemplates>) {
+        let mut argv = vec!["mailroom".to_string(), "worker".to_string()];
+        argv.extend(self.worker_args(extra));
+        let Command::Worker(args) = Cli::try_parse_from(argv).unwrap().command else {
+            unreachable!()
+        };
+        let worker = args.build().unwrap();
+        let live = worker.templates();
+        let (watched, every) = (live.clone(), args.template_reload_interval);
+        let running = Running::spawn(worker.stats(), |stop| {
+            tokio::spawn(watched.watch(every, stop.clone()));
+            tokio::spawn(worker.run(stop))
+        });
+        (running, live)
     }
 
     /// Starts `mailroom worker` as a real process, with `env` added (e.g. failpoints).

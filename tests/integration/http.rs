@@ -5,16 +5,19 @@ use std::sync::Arc;
 
 use mailroom::config::UrlList;
 use mailroom::http::{self, ApiState};
+use mailroom::metrics::Metrics;
+use mailroom::render::LiveTemplates;
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
 use crate::helpers::*;
 
-const TOKEN: &str = "test-token-5a1f";
+pub(crate) const TOKEN: &str = "test-token-5a1f";
 
-struct Api {
-    base: String,
-    client: reqwest::Client,
+/// The HTTP API of one test, on a port of its own, stopped when dropped.
+pub(crate) struct Api {
+    pub base: String,
+    pub client: reqwest::Client,
     shutdown: CancellationToken,
 }
 
@@ -25,19 +28,34 @@ impl Drop for Api {
 }
 
 impl Api {
-    async fn start(app: &TestApp) -> Api {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let base = format!("http://{}", listener.local_addr().unwrap());
+    pub(crate) async fn start(app: &TestApp) -> Api {
         let templates = mailroom::render::Templates::load(
             &std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("templates"),
         )
         .unwrap();
+        let metrics = Metrics {
+            db: Some(app.db.clone()),
+            ..Metrics::default()
+        };
+        Api::start_with(app, Arc::new(LiveTemplates::fixed(templates)), metrics).await
+    }
+
+    /// The API with these templates and this `/metrics` content.
+    pub(crate) async fn start_with(
+        app: &TestApp,
+        templates: Arc<LiveTemplates>,
+        metrics: Metrics,
+    ) -> Api {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let base = format!("http://{}", listener.local_addr().unwrap());
         let state = Arc::new(ApiState {
             db: app.db.clone(),
             amqp: app.amqp_url.parse::<UrlList>().unwrap(),
-            templates: Some(Arc::new(templates)),
+            topology: app.topology.clone(),
+            templates: Some(templates),
             token: Some(TOKEN.into()),
             relay_wake: None,
+            metrics,
         });
         let shutdown = CancellationToken::new();
         tokio::spawn(http::serve(listener, state, shutdown.clone()));
@@ -61,7 +79,7 @@ impl Api {
         (resp.status().as_u16(), resp.json().await.unwrap())
     }
 
-    async fn status(&self, job_id: &str, kind: &str) -> Value {
+    pub(crate) async fn status(&self, job_id: &str, kind: &str) -> Value {
         let url = format!("{}/v1/emails/{job_id}/{kind}", self.base);
         self.client
             .get(url)

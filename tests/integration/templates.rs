@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 
 use crate::helpers::*;
 
-fn shipped() -> PathBuf {
+pub(crate) fn shipped() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("templates")
 }
 
@@ -19,7 +19,7 @@ fn broken_copy(file: &str, edit: impl FnOnce(String) -> String) -> tempfile::Tem
     dir
 }
 
-fn copy_dir(from: &Path, to: &Path) {
+pub(crate) fn copy_dir(from: &Path, to: &Path) {
     std::fs::create_dir_all(to).unwrap();
     for entry in std::fs::read_dir(from).unwrap() {
         let entry = entry.unwrap();

@@ -2,6 +2,7 @@
 //! refusal at render and at load, and a property test of the subject's header safety.
 
 mod failures;
+mod live;
 mod loading;
 mod props;
 mod shipped;

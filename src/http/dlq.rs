@@ -1,0 +1,223 @@
+//! `/v1/dlq`: the dead-letter queue over HTTP, the same operations as `mailroom dlq` and the same
+//! JSON as its `--json` output (both call [`crate::dlq`]).
+//!
+//! - `GET /v1/dlq?kind=&class=&since=&grep=&summary=true`: the entries (or their counts).
+//! - `GET /v1/dlq/{job_id}`: that job's dead letters in full, with its ledger row.
+//! - `POST /v1/dlq/replay` `{"ids": [...]} | {"kind": K} | {"class": C} | {"all": true}`, plus
+//!   `"dry_run": true` to render against the live templates and change nothing.
+//! - `POST /v1/dlq/purge`, the same selection.
+//!
+//! A replay or purge answers 200 with its report when every selected dead letter was handled;
+//! 502 with the report when some stayed in the queue (publish failed, pass interrupted); 404 when
+//! job ids were named and none was found.
+
+use std::sync::Arc;
+
+use axum::{
+    Json,
+    body::Bytes,
+    extract::{Path, Query, State},
+    http::StatusCode,
+    response::{IntoResponse, Response},
+};
+use serde::Deserialize;
+use serde_json::json;
+
+use super::{ApiState, error};
+use crate::dlq::{DeadLetters, Filter, Report, Selection, summarize};
+
+/// Query parameters of the listing, as the CLI's filters.
+#[derive(Debug, Default, Deserialize)]
+pub(super) struct ListQuery {
+    kind: Option<String>,
+    class: Option<String>,
+    /// RFC 3339 time or a duration ago (`2h`).
+    since: Option<String>,
+    grep: Option<String>,
+    #[serde(default)]
+    summary: bool,
+}
+
+/// The body of a replay or purge: exactly one selection.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct SelectionBody {
+    #[serde(default)]
+    ids: Vec<String>,
+    kind: Option<String>,
+    class: Option<String>,
+    #[serde(default)]
+    all: bool,
+    #[serde(default)]
+    dry_run: bool,
+}
+
+impl SelectionBody {
+    /// The one selection named, or why the body names none or several.
+    fn selection(&self) -> Result<Selection, &'static str> {
+        let chosen = [
+            !self.ids.is_empty(),
+            self.kind.is_some(),
+            self.class.is_some(),
+            self.all,
+        ];
+        if chosen.iter().filter(|c| **c).count() != 1 {
+            return Err("name exactly one selection: ids, kind, class or all");
+        }
+        Ok(match (&self.kind, &self.class) {
+            (Some(k), _) => Selection::Kind(k.clone()),
+            (_, Some(c)) => Selection::Class(c.clone()),
+            _ if self.all => Selection::All,
+            _ => Selection::Ids(self.ids.clone()),
+        })
+    }
+}
+
+/// The body as JSON whatever its Content-Type (`curl -d` sends a form type), as `/v1/emails`.
+fn parse(body: &[u8]) -> Result<SelectionBody, Box<Response>> {
+    serde_json::from_slice(body).map_err(|e| {
+        Box::new(error(
+            StatusCode::BAD_REQUEST,
+            None,
+            &format!("body is not a selection: {e}"),
+        ))
+    })
+}
+
+async fn connect(state: &ApiState) -> anyhow::Result<DeadLetters> {
+    DeadLetters::connect(&state.amqp, state.topology.clone(), "mailroom http dlq").await
+}
+
+fn unavailable(e: &anyhow::Error) -> Response {
+    error(StatusCode::SERVICE_UNAVAILABLE, None, &format!("{e:#}"))
+}
+
+pub(super) async fn list(
+    State(state): State<Arc<ApiState>>,
+    Query(q): Query<ListQuery>,
+) -> Response {
+    let since = match q.since.as_deref().map(crate::cli::dlq::parse_since) {
+        Some(Err(e)) => return error(StatusCode::BAD_REQUEST, Some("since"), &e),
+        Some(Ok(at)) => Some(at),
+        None => None,
+    };
+    let filter = Filter {
+        kind: q.kind,
+        class: q.class,
+        since,
+        grep: q.grep,
+    };
+    let dlq = match connect(&state).await {
+        Ok(d) => d,
+        Err(e) => return unavailable(&e),
+    };
+    let entries = dlq.list(&filter).await;
+    dlq.close().await;
+    match entries {
+        Ok(entries) if q.summary => Json(summarize(&entries)).into_response(),
+        Ok(entries) => Json(entries).into_response(),
+        Err(e) => unavailable(&e),
+    }
+}
+
+pub(super) async fn show(
+    State(state): State<Arc<ApiState>>,
+    Path(job_id): Path<String>,
+) -> Response {
+    let dlq = match connect(&state).await {
+        Ok(d) => d,
+        Err(e) => return unavailable(&e),
+    };
+    let details = dlq.show(&job_id, Some(&state.db)).await;
+    dlq.close().await;
+    match details {
+        Ok(d) if d.is_empty() => error(
+            StatusCode::NOT_FOUND,
+            None,
+            "no dead letter with that job id",
+        ),
+        Ok(d) => Json(d).into_response(),
+        Err(e) => unavailable(&e),
+    }
+}
+
+pub(super) async fn replay(State(state): State<Arc<ApiState>>, body: Bytes) -> Response {
+    let body = match parse(&body) {
+        Ok(b) => b,
+        Err(r) => return *r,
+    };
+    let selection = match body.selection() {
+        Ok(s) => s,
+        Err(why) => return error(StatusCode::BAD_REQUEST, None, why),
+    };
+    let templates = match (&state.templates, body.dry_run) {
+        (None, true) => {
+            return error(
+                StatusCode::BAD_REQUEST,
+                Some("dry_run"),
+                "this server has no templates to render with (start it with --templates)",
+            );
+        }
+        (t, _) => t.as_ref().map(|t| t.current()),
+    };
+    let dlq = match connect(&state).await {
+        Ok(d) => d,
+        Err(e) => return unavailable(&e),
+    };
+    let response = match templates {
+        Some(t) if body.dry_run => match dlq.dry_run(&selection, &t, Some(&state.db)).await {
+            Ok(previews) => Json(previews).into_response(),
+            Err(e) => unavailable(&e),
+        },
+        _ => finish(&selection, dlq.replay(&selection, &mut |_| {}).await),
+    };
+    dlq.close().await;
+    response
+}
+
+pub(super) async fn purge(State(state): State<Arc<ApiState>>, body: Bytes) -> Response {
+    let body = match parse(&body) {
+        Ok(b) => b,
+        Err(r) => return *r,
+    };
+    let selection = match body.selection() {
+        Ok(s) => s,
+        Err(why) => return error(StatusCode::BAD_REQUEST, None, why),
+    };
+    if body.dry_run {
+        return error(
+            StatusCode::BAD_REQUEST,
+            Some("dry_run"),
+            "purge has no dry run; list first",
+        );
+    }
+    let dlq = match connect(&state).await {
+        Ok(d) => d,
+        Err(e) => return unavailable(&e),
+    };
+    let response = finish(&selection, dlq.purge(&selection, &mut |_| {}).await);
+    dlq.close().await;
+    response
+}
+
+/// The report, with a status that says whether everything selected was handled.
+fn finish(selection: &Selection, report: anyhow::Result<Report>) -> Response {
+    let report = match report {
+        Ok(r) => r,
+        Err(e) => return unavailable(&e),
+    };
+    let left: usize = report
+        .skipped
+        .iter()
+        .filter(|(why, _)| why.as_str() != "not selected")
+        .map(|(_, n)| n)
+        .sum();
+    let code = if report.interrupted.is_some() || left > 0 {
+        StatusCode::BAD_GATEWAY
+    } else if matches!(selection, Selection::Ids(_)) && report.moved + report.purged == 0 {
+        StatusCode::NOT_FOUND
+    } else {
+        StatusCode::OK
+    };
+    (code, Json(json!(report))).into_response()
+}

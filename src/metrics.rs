@@ -1,0 +1,288 @@
+//! `/metrics` in the Prometheus text format (version 0.0.4), rendered at scrape time from the
+//! counters the worker ([`Stats`]), the relay ([`RelayStats`]) and the template watcher
+//! ([`LiveTemplates`]) already keep, plus the relay lag read from the outbox.
+//!
+//! Hand-rolled rather than the `prometheus-client` crate: about twenty series, two of them
+//! histograms with fixed buckets, and counters that already exist as atomics. A registry would
+//! mean counting everything a second time or wrapping every atomic; the exposition format is a
+//! few lines of text, and one test parses what we print.
+//!
+//! | name | type | labels |
+//! | --- | --- | --- |
+//! | `mailroom_received_total` | counter | |
+//! | `mailroom_sent_total` | counter | |
+//! | `mailroom_duplicates_skipped_total` | counter | |
+//! | `mailroom_retried_total` | counter | |
+//! | `mailroom_dead_lettered_total` | counter | `kind`, `class` |
+//! | `mailroom_unsettled_total` | counter | |
+//! | `mailroom_in_flight` | gauge | |
+//! | `mailroom_smtp_duration_seconds` | histogram | |
+//! | `mailroom_end_to_end_seconds` | histogram | (job `created_at` → SMTP accepted) |
+//! | `mailroom_relay_published_total`, `_refused_total`, `_parked_total` | counter | |
+//! | `mailroom_relay_lag_seconds` | gauge | (age of the oldest unpublished outbox row) |
+//! | `mailroom_template_reloads_total` | counter | `result` = `ok` / `failed` |
+//! | `mailroom_template_revision` | gauge (1) | `revision` |
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use crate::db::Database;
+use crate::relay::RelayStats;
+use crate::render::LiveTemplates;
+use crate::worker::Stats;
+
+/// SMTP send durations: loopback relays answer in milliseconds, remote ones in seconds, and the
+/// whole-send timeout defaults to 60 s.
+pub const SMTP_BUCKETS: &[f64] = &[
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+];
+/// End-to-end latencies: sub-second when all is well, up to the longest retry tier (1 h).
+pub const END_TO_END_BUCKETS: &[f64] = &[
+    0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0,
+];
+
+/// A histogram with fixed upper bounds (seconds), lock-free to observe.
+#[derive(Debug)]
+pub struct Histogram {
+    bounds: &'static [f64],
+    /// Non-cumulative counts per bound; the `+Inf` bucket is `count`.
+    buckets: Vec<AtomicU64>,
+    sum_micros: AtomicU64,
+    count: AtomicU64,
+}
+
+impl Histogram {
+    pub fn new(bounds: &'static [f64]) -> Histogram {
+        Histogram {
+            bounds,
+            buckets: bounds.iter().map(|_| AtomicU64::new(0)).collect(),
+            sum_micros: AtomicU64::new(0),
+            count: AtomicU64::new(0),
+        }
+    }
+
+    pub fn observe(&self, d: Duration) {
+        let secs = d.as_secs_f64();
+        if let Some(i) = self.bounds.iter().position(|b| secs <= *b) {
+            self.buckets[i].fetch_add(1, Ordering::Relaxed);
+        }
+        let micros = u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
+        self.sum_micros.fetch_add(micros, Ordering::Relaxed);
+        self.count.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Observations so far.
+    pub fn count(&self) -> u64 {
+        self.count.load(Ordering::Relaxed)
+    }
+
+    fn write(&self, out: &mut String, name: &str, help: &str) {
+        header(out, name, "histogram", help);
+        let mut cumulative = 0;
+        for (bound, n) in self.bounds.iter().zip(&self.buckets) {
+            cumulative += n.load(Ordering::Relaxed);
+            let _ = writeln!(out, "{name}_bucket{{le=\"{bound}\"}} {cumulative}");
+        }
+        let count = self.count();
+        let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {count}");
+        let sum = self.sum_micros.load(Ordering::Relaxed) as f64 / 1e6;
+        let _ = writeln!(out, "{name}_sum {sum}");
+        let _ = writeln!(out, "{name}_count {count}");
+    }
+}
+
+/// What a process can report; each part is present when the process runs it.
+#[derive(Clone, Default)]
+pub struct Metrics {
+    pub worker: Option<Arc<Stats>>,
+    pub relay: Option<Arc<RelayStats>>,
+    pub templates: Option<Arc<LiveTemplates>>,
+    /// For the relay lag, read at scrape time.
+    pub db: Option<Database>,
+}
+
+impl Metrics {
+    /// The exposition text.
+    pub async fn render(&self) -> String {
+        let mut out = String::new();
+        if let Some(w) = &self.worker {
+            worker(&mut out, w);
+        }
+        if let Some(r) = &self.relay {
+            let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
+            counter(
+                &mut out,
+                "mailroom_relay_published_total",
+                "Outbox rows published and confirmed.",
+                get(&r.published),
+            );
+            counter(
+                &mut out,
+                "mailroom_relay_refused_total",
+                "Publishes the broker refused (unroutable or nacked).",
+                get(&r.refused),
+            );
+            counter(
+                &mut out,
+                "mailroom_relay_parked_total",
+                "Outbox rows parked after repeated refusals.",
+                get(&r.parked),
+            );
+        }
+        if let Some(db) = &self.db {
+            match db.oldest_unpublished_age().await {
+                Ok(age) => {
+                    header(
+                        &mut out,
+                        "mailroom_relay_lag_seconds",
+                        "gauge",
+                        "Age of the oldest unpublished, unparked outbox row (0 when none).",
+                    );
+                    let _ = writeln!(out, "mailroom_relay_lag_seconds {}", age.unwrap_or(0.0));
+                }
+                Err(e) => tracing::warn!(error = %e, "metrics: cannot read the relay lag"),
+            }
+        }
+        if let Some(t) = &self.templates {
+            header(
+                &mut out,
+                "mailroom_template_reloads_total",
+                "counter",
+                "Template directory reloads, by result.",
+            );
+            for (result, n) in [("ok", &t.reloads_ok), ("failed", &t.reloads_failed)] {
+                let _ = writeln!(
+                    out,
+                    "mailroom_template_reloads_total{{result=\"{result}\"}} {}",
+                    n.load(Ordering::Relaxed)
+                );
+            }
+            header(
+                &mut out,
+                "mailroom_template_revision",
+                "gauge",
+                "The template revision in use (content hash), as a label.",
+            );
+            let revision = t.current().revision().to_owned();
+            let _ = writeln!(
+                out,
+                "mailroom_template_revision{{revision=\"{}\"}} 1",
+                escape(&revision)
+            );
+        }
+        out
+    }
+}
+
+fn worker(out: &mut String, w: &Stats) {
+    let s = w.snapshot();
+    counter(
+        out,
+        "mailroom_received_total",
+        "Deliveries taken from the work queue.",
+        s.received,
+    );
+    counter(
+        out,
+        "mailroom_sent_total",
+        "Emails the SMTP server accepted and the ledger recorded.",
+        s.sent,
+    );
+    counter(
+        out,
+        "mailroom_duplicates_skipped_total",
+        "Deliveries of jobs already sent or dead, acknowledged without sending.",
+        s.duplicates,
+    );
+    counter(
+        out,
+        "mailroom_retried_total",
+        "Deliveries republished to a retry tier.",
+        s.retried,
+    );
+    header(
+        out,
+        "mailroom_dead_lettered_total",
+        "counter",
+        "Jobs dead-lettered, by kind and error class.",
+    );
+    for ((kind, class), n) in w.dead_lettered_by() {
+        let _ = writeln!(
+            out,
+            "mailroom_dead_lettered_total{{kind=\"{}\",class=\"{}\"}} {n}",
+            escape(&kind),
+            escape(&class)
+        );
+    }
+    counter(
+        out,
+        "mailroom_unsettled_total",
+        "Acks or rejects the broker may not have seen (it redelivers them).",
+        s.unsettled,
+    );
+    header(
+        out,
+        "mailroom_in_flight",
+        "gauge",
+        "Deliveries being processed now.",
+    );
+    let _ = writeln!(out, "mailroom_in_flight {}", w.in_flight());
+    w.smtp_latency.write(
+        out,
+        "mailroom_smtp_duration_seconds",
+        "Duration of one SMTP send, whatever its result.",
+    );
+    w.end_to_end.write(
+        out,
+        "mailroom_end_to_end_seconds",
+        "From the job's created_at (outbox commit) to SMTP accepted.",
+    );
+}
+
+/// Counts by label pair, for the few labelled counters.
+pub(crate) type LabelCounts = BTreeMap<(String, String), u64>;
+
+fn header(out: &mut String, name: &str, kind: &str, help: &str) {
+    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+}
+
+fn counter(out: &mut String, name: &str, help: &str, value: u64) {
+    header(out, name, "counter", help);
+    let _ = writeln!(out, "{name} {value}");
+}
+
+/// Escapes a label value: backslash, double quote and line feed.
+fn escape(value: &str) -> String {
+    value
+        .replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn histogram_buckets_are_cumulative_and_end_with_inf() {
+        let h = Histogram::new(&[0.1, 1.0]);
+        h.observe(Duration::from_millis(50));
+        h.observe(Duration::from_millis(500));
+        h.observe(Duration::from_secs(5));
+        let mut out = String::new();
+        h.write(&mut out, "x_seconds", "test");
+        assert!(out.contains("x_seconds_bucket{le=\"0.1\"} 1\n"), "{out}");
+        assert!(out.contains("x_seconds_bucket{le=\"1\"} 2\n"), "{out}");
+        assert!(out.contains("x_seconds_bucket{le=\"+Inf\"} 3\n"), "{out}");
+        assert!(out.contains("x_seconds_sum 5.55\n"), "{out}");
+        assert!(out.contains("x_seconds_count 3\n"), "{out}");
+    }
+
+    #[test]
+    fn label_values_are_escaped() {
+        assert_eq!(escape("a\"b\\c\nd"), "a\\\"b\\\\c\\nd");
+    }
+}

@@ -1,0 +1,71 @@
+//! The live set: an unchanged directory is not reloaded, a good edit is swapped in, a broken one
+//! is counted once and leaves the last good set in use, and a ConfigMap-style symlink swap is seen.
+
+use std::fs;
+use std::os::unix::fs::symlink;
+use std::sync::atomic::Ordering;
+
+use serde_json::json;
+
+use super::{MINIMAL, fixture};
+use crate::render::{LiveTemplates, Templates};
+
+fn live(dir: &std::path::Path) -> LiveTemplates {
+    LiveTemplates::new(dir.to_owned(), Templates::load(dir).unwrap())
+}
+
+fn subject(set: &LiveTemplates) -> String {
+    set.current()
+        .render("k", None, &json!({"name": "Ada"}))
+        .unwrap()
+        .subject
+}
+
+#[test]
+fn a_good_edit_is_swapped_in_and_a_broken_one_is_counted_once() {
+    let dir = fixture(&MINIMAL);
+    let set = live(dir.path());
+    assert!(!set.check(false), "nothing changed");
+
+    fs::write(dir.path().join("k/subject.hbs"), "Hi {{name}}\n").unwrap();
+    assert!(set.check(false));
+    assert_eq!(subject(&set), "Hi Ada");
+    let good = set.current().revision().to_owned();
+
+    fs::write(dir.path().join("k/subject.hbs"), "Hi {{missing}}\n").unwrap();
+    assert!(!set.check(false));
+    assert!(!set.check(false));
+    assert_eq!(
+        set.reloads_failed.load(Ordering::Relaxed),
+        1,
+        "reported once"
+    );
+    assert_eq!(set.current().revision(), good);
+    assert_eq!(subject(&set), "Hi Ada");
+
+    assert!(
+        !set.check(true),
+        "a forced reload of the broken state fails again"
+    );
+    assert_eq!(set.reloads_failed.load(Ordering::Relaxed), 2);
+    assert_eq!(set.reloads_ok.load(Ordering::Relaxed), 1);
+}
+
+#[test]
+fn a_configmap_symlink_swap_is_picked_up() {
+    // Kubernetes mounts `k -> ..data/k` and updates by repointing `..data` to a new folder.
+    let root = tempfile::tempdir().unwrap();
+    let v1 = fixture(&MINIMAL);
+    let v2 = fixture(&MINIMAL);
+    fs::write(v2.path().join("k/subject.hbs"), "Version 2 for {{name}}\n").unwrap();
+    symlink(v1.path(), root.path().join("..data")).unwrap();
+    symlink("..data/k", root.path().join("k")).unwrap();
+    let set = live(root.path());
+    assert_eq!(subject(&set), "Hello Ada");
+
+    let staged = root.path().join("..data_tmp");
+    symlink(v2.path(), &staged).unwrap();
+    fs::rename(&staged, root.path().join("..data")).unwrap();
+    assert!(set.check(false));
+    assert_eq!(subject(&set), "Version 2 for Ada");
+}

@@ -1,0 +1,212 @@
+//! `/metrics` with real jobs: the counters move as jobs are sent, retried and dead-lettered, the
+//! relay's lag shows a waiting row, and the real `worker --metrics-addr` and `run` processes
+//! serve them (the worker also reloading its templates on SIGHUP).
+
+use mailroom::metrics::Metrics;
+
+use crate::helpers::*;
+use crate::http::Api;
+use crate::live_templates::{editable_templates, subject};
+
+/// The value of the sample `series` (name with labels, exactly as printed) in `text`.
+fn sample(text: &str, series: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
+        .map(|v| v.parse().unwrap())
+}
+
+async fn scrape(api: &Api) -> String {
+    let resp = api
+        .client
+        .get(format!("{}/metrics", api.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 200);
+    let kind = resp.headers()["content-type"].to_str().unwrap().to_owned();
+    assert!(kind.starts_with("text/plain; version=0.0.4"), "{kind}");
+    resp.text().await.unwrap()
+}
+
+#[tokio::test]
+async fn metrics_count_jobs_as_they_are_sent_retried_and_dead_lettered() {
+    let app = TestApp::spawn_with(&["--fail", "DATA:451:1"]).await;
+    let (worker, live) = app.start_live_worker(&[]);
+    let relay = app.start_relay(&[]);
+    let metrics = Metrics {
+        worker: Some(worker.stats.clone()),
+        relay: Some(relay.stats.clone()),
+        templates: Some(live.clone()),
+        db: Some(app.db.clone()),
+    };
+    let api = Api::start_with(&app, live.clone(), metrics).await;
+    let text = scrape(&api).await;
+    assert_eq!(sample(&text, "mailroom_sent_total"), Some(0.0));
+    assert_eq!(sample(&text, "mailroom_relay_lag_seconds"), Some(0.0));
+    let revision = format!(
+        "mailroom_template_revision{{revision=\"{}\"}}",
+        live.current().revision()
+    );
+    assert_eq!(sample(&text, &revision), Some(1.0));
+
+    // Through the outbox: the first attempt meets a 451, is retried, then sent.
+    app.enqueue(&app.email_job("m-1")).await.unwrap();
+    // Not JSON at all: dead-lettered as invalid.
+    app.publish_raw("welcome", "m-bad", b"not json").await;
+    worker
+        .stats
+        .wait_until(|s| s.sent == 1 && s.dead_lettered == 1)
+        .await;
+
+    let text = scrape(&api).await;
+    // The broker's at-least-once dead-lettering out of a retry tier may hand a retried job back
+    // twice: the copy is counted as received and skipped, so those two counters are bounds.
+    let at_least = [
+        ("mailroom_received_total", 3.0),
+        ("mailroom_retried_total", 1.0),
+    ];
+    for (series, low) in at_least {
+        let value = sample(&text, series).unwrap_or_else(|| panic!("{series} in\n{text}"));
+        assert!(value >= low, "{series} = {value} in\n{text}");
+    }
+    let expect = [
+        ("mailroom_sent_total", 1.0),
+        (
+            "mailroom_dead_lettered_total{kind=\"welcome\",class=\"invalid\"}",
+            1.0,
+        ),
+        ("mailroom_in_flight", 0.0),
+        ("mailroom_smtp_duration_seconds_count", 2.0),
+        ("mailroom_end_to_end_seconds_count", 1.0),
+        ("mailroom_relay_published_total", 1.0),
+        ("mailroom_relay_refused_total", 0.0),
+        ("mailroom_relay_lag_seconds", 0.0),
+        ("mailroom_template_reloads_total{result=\"failed\"}", 0.0),
+    ];
+    for (series, value) in expect {
+        assert_eq!(sample(&text, series), Some(value), "{series} in\n{text}");
+    }
+    relay.stop().await;
+
+    // With the relay stopped, a row waiting for a minute shows as lag.
+    app.enqueue(&app.email_job("m-2")).await.unwrap();
+    app.execute(match engine() {
+        mailroom::db::Engine::Postgres => {
+            "UPDATE mailroom_outbox SET created_at = now() - interval '1 minute' WHERE job_id = 'm-2'"
+        }
+        mailroom::db::Engine::MySql => {
+            "UPDATE mailroom_outbox SET created_at = UTC_TIMESTAMP(6) - INTERVAL 1 MINUTE WHERE job_id = 'm-2'"
+        }
+    })
+    .await;
+    let lag = sample(&scrape(&api).await, "mailroom_relay_lag_seconds").unwrap();
+    assert!((60.0..120.0).contains(&lag), "{lag}");
+    worker.stop().await;
+}
+
+/// A loopback port free right now, for a process that must be told its address.
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+#[tokio::test]
+async fn a_worker_process_serves_metrics_on_its_own_address_and_reloads_on_sighup() {
+    let app = TestApp::spawn().await;
+    let dir = editable_templates();
+    let addr = format!("127.0.0.1:{}", free_port());
+    let templates = dir.path().to_str().unwrap();
+    // Polling once an hour: only the SIGHUP can make this worker see the edit in time.
+    let worker = app.spawn_worker_process(
+        &[
+            "--templates",
+            templates,
+            "--template-reload-interval",
+            "1h",
+            "--metrics-addr",
+            &addr,
+        ],
+        &[],
+    );
+    let client = reqwest::Client::new();
+    let scrape = || async {
+        let resp = client
+            .get(format!("http://{addr}/metrics"))
+            .send()
+            .await
+            .ok()?;
+        resp.text().await.ok()
+    };
+    let text = eventually("the worker's metrics listener", scrape).await;
+    assert_eq!(sample(&text, "mailroom_received_total"), Some(0.0));
+
+    std::fs::write(
+        dir.path().join("welcome/subject.hbs"),
+        "Reloaded on SIGHUP, {{user.name}}\n",
+    )
+    .unwrap();
+    let pid = worker.id().unwrap().to_string();
+    let hup = tokio::process::Command::new("kill")
+        .args(["-HUP", &pid])
+        .status()
+        .await
+        .unwrap();
+    assert!(hup.success());
+    eventually("the reload to be counted", || async {
+        let text = scrape().await?;
+        (sample(&text, "mailroom_template_reloads_total{result=\"ok\"}") == Some(1.0)).then_some(())
+    })
+    .await;
+
+    app.publish(&app.job("after-hup")).await;
+    let got = app.smtp.wait_for(1).await;
+    assert_eq!(subject(&got[0]), "Reloaded on SIGHUP, Ada");
+    eventually("sent counted", || async {
+        (sample(&scrape().await?, "mailroom_sent_total") == Some(1.0)).then_some(())
+    })
+    .await;
+    terminate(&worker).await;
+}
+
+#[tokio::test]
+async fn mailroom_run_reports_worker_and_relay_counters_on_its_http_metrics() {
+    let app = TestApp::spawn().await;
+    let addr = format!("127.0.0.1:{}", free_port());
+    let mut args = vec!["run".to_string()];
+    args.extend(app.worker_args(&["--relay-poll", "1s", "--http-addr", &addr]));
+    let run = tokio::process::Command::new(env!("CARGO_BIN_EXE_mailroom"))
+        .args(&args)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(if std::env::var_os("TEST_LOG").is_some() {
+            std::process::Stdio::inherit()
+        } else {
+            std::process::Stdio::null()
+        })
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    app.enqueue(&app.email_job("run-1")).await.unwrap();
+    app.smtp.wait_for(1).await;
+    let client = reqwest::Client::new();
+    let text = eventually("sent and published counted", || async {
+        let resp = client
+            .get(format!("http://{addr}/metrics"))
+            .send()
+            .await
+            .ok()?;
+        let text = resp.text().await.ok()?;
+        (sample(&text, "mailroom_sent_total") == Some(1.0)).then_some(text)
+    })
+    .await;
+    assert_eq!(sample(&text, "mailroom_relay_published_total"), Some(1.0));
+    assert_eq!(sample(&text, "mailroom_relay_lag_seconds"), Some(0.0));
+    assert_eq!(
+        sample(&text, "mailroom_end_to_end_seconds_count"),
+        Some(1.0)
+    );
+    terminate(&run).await;
+}
