@@ -32,8 +32,9 @@ use crate::failpoint;
 pub const MAX_PUBLISH_ATTEMPTS: i32 = 10;
 /// Longest wait before retrying a refused row.
 const MAX_ROW_BACKOFF: Duration = Duration::from_secs(300);
-/// How often published rows past the retention age are deleted.
-const RETENTION_EVERY: Duration = Duration::from_secs(60);
+/// How often published rows past the retention age are deleted: every half retention age,
+/// within these bounds.
+const RETENTION_EVERY: (Duration, Duration) = (Duration::from_secs(1), Duration::from_secs(60));
 /// Rows deleted per retention statement: bounded so it never holds long locks.
 const RETENTION_BATCH: i64 = 1000;
 
@@ -64,6 +65,8 @@ pub struct RelayStats {
     pub scans: AtomicU64,
     /// Lock-free "is there work?" queries of the MySQL poll.
     pub probes: AtomicU64,
+    /// Published rows deleted past the retention age.
+    pub deleted: AtomicU64,
 }
 
 /// The wait between polls of a MySQL outbox: `min` after a busy scan, doubling while idle, up
@@ -171,7 +174,8 @@ impl Relay {
         };
         *backoff = broker::reconnect_backoff();
         tracing::info!(exchange = %s.topology.exchange, "relaying");
-        let mut retention = tokio::time::interval(RETENTION_EVERY);
+        let (every_min, every_max) = RETENTION_EVERY;
+        let mut retention = tokio::time::interval((s.retention / 2).clamp(every_min, every_max));
         'relay: loop {
             let mut claimed = 0;
             loop {
@@ -315,22 +319,30 @@ impl Relay {
         Ok(())
     }
 
+    /// Deletes published rows past the retention age, one bounded statement at a time.
     async fn apply_retention(&self) {
-        loop {
+        let mut deleted = 0;
+        let outcome = loop {
             match self
                 .db
                 .delete_published_before(self.settings.retention, RETENTION_BATCH)
                 .await
             {
-                Ok(n) if n == RETENTION_BATCH as u64 => continue,
                 Ok(n) => {
-                    if n > 0 {
-                        tracing::info!(deleted = n, "deleted published outbox rows past retention");
+                    deleted += n;
+                    self.stats.deleted.fetch_add(n, Ordering::Relaxed);
+                    if n < RETENTION_BATCH as u64 {
+                        break Ok(());
                     }
-                    return;
                 }
-                Err(e) => return tracing::warn!(error = %e, "outbox retention failed"),
+                Err(e) => break Err(e),
             }
+        };
+        if deleted > 0 {
+            tracing::info!(deleted, "deleted published outbox rows past retention");
+        }
+        if let Err(e) = outcome {
+            tracing::warn!(error = %e, "outbox retention failed; trying again later");
         }
     }
 }

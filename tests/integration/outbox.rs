@@ -267,6 +267,49 @@ async fn unroutable_rows_stay_unpublished_with_a_reason_until_the_queue_is_back(
 }
 
 #[tokio::test]
+async fn published_rows_past_retention_are_deleted_in_batches_and_others_kept() {
+    let app = TestApp::spawn().await;
+    // More than one retention statement's worth (1,000), so the batches loop.
+    let total = 1500;
+    let mut tx = app.begin().await;
+    for i in 0..total {
+        tx.enqueue(&app.email_job(&format!("old-{i}")))
+            .await
+            .unwrap();
+    }
+    tx.commit().await;
+    // A parked row was never published: retention must leave it for the operator.
+    app.execute(
+        "INSERT INTO mailroom_outbox (job_id, kind, payload, parked_at)
+         VALUES ('parked', 'welcome', '{}', CURRENT_TIMESTAMP)",
+    )
+    .await;
+    let relay = app.start_relay(&["--outbox-retention", "2s"]);
+    eventually("every row published", || async {
+        (relay.published() == total as u64).then_some(())
+    })
+    .await;
+    eventually(
+        "published rows deleted once past the retention age",
+        || async { (app.count("SELECT count(*) FROM mailroom_outbox").await == 1).then_some(()) },
+    )
+    .await;
+    assert_eq!(
+        app.count("SELECT count(*) FROM mailroom_outbox WHERE job_id = 'parked'")
+            .await,
+        1
+    );
+    assert_eq!(
+        relay
+            .stats
+            .deleted
+            .load(std::sync::atomic::Ordering::Relaxed),
+        total as u64
+    );
+    relay.stop().await;
+}
+
+#[tokio::test]
 async fn enqueue_and_status_commands_walk_a_job_to_sent() {
     let app = TestApp::spawn().await;
     let out = app
