@@ -57,7 +57,7 @@ pub struct World {
     pub label: String,
     pub db: Database,
     pub db_url: String,
-    db_name: String,
+    pub db_name: String,
     pub namespace: String,
     pub topology: Topology,
     pub conn: Connection,
