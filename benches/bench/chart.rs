@@ -325,6 +325,24 @@ fn throughput_bars(r: &Results, area: &Area) -> anyhow::Result<()> {
             RUNS[i % RUNS.len()],
         ));
     }
+    let c = &r.relay.outbox_commits;
+    rows.push((
+        format!(
+            "raw outbox commits ({} producers) with NOTIFY {}/s",
+            c.producers,
+            thousands(c.with_notify)
+        ),
+        c.with_notify,
+        DB,
+    ));
+    rows.push((
+        format!(
+            "raw outbox commits without NOTIFY {}/s",
+            thousands(c.without_notify)
+        ),
+        c.without_notify,
+        DB,
+    ));
     let e2e = &r.relay.end_to_end_max;
     rows.push((
         format!(

@@ -225,6 +225,16 @@ async fn run(opts: Opts) -> anyhow::Result<()> {
         paced_runs.push(run);
     }
 
+    let commits_n = opts.floor_n * 10;
+    step(&format!(
+        "raw limit: outbox commits, {} producers, {commits_n} rows with and without NOTIFY",
+        relay::PRODUCERS
+    ));
+    let outbox_commits = relay::outbox_commits(&services, commits_n).await?;
+    step(&format!(
+        "  {:.0} commits/s with NOTIFY, {:.0} without",
+        outbox_commits.with_notify, outbox_commits.without_notify
+    ));
     step(&format!(
         "relay only: {} outbox rows committed at once, one relay process; then {} s idle",
         opts.n,
@@ -271,6 +281,7 @@ async fn run(opts: Opts) -> anyhow::Result<()> {
     }
     let relay = relay::RelayFigures {
         producers: relay::PRODUCERS,
+        outbox_commits,
         relay_only,
         relay_idle,
         end_to_end_max,

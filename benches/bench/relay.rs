@@ -6,7 +6,9 @@
 //!   database per second, as `pg_stat_database` counts them (`xact_commit + xact_rollback` of
 //!   the world's own database over [`IDLE_WINDOW`], read through another database so that the
 //!   reads do not count; the bench's own connections to it are closed and autovacuum is off
-//!   for the outbox table). Each idle scan is one transaction (BEGIN, claim, COMMIT);
+//!   for the outbox table). An idle scan is one transaction (BEGIN, claim, COMMIT) every
+//!   `MAILROOM_RELAY_POLL` (5 s), plus sqlx's check of the pooled connection before reuse (an
+//!   empty query, which PostgreSQL counts as a transaction too);
 //! - **end to end**: 1 relay + 1 worker process; [`PRODUCERS`] concurrent producers each
 //!   commit one outbox row per transaction ([`OutboxProducer`]). At full speed (a backlog of N
 //!   jobs) this gives emails/s from the first commit to the last SMTP acceptance; at offered
@@ -35,10 +37,10 @@ use crate::world::{Services, SmtpSink, World, pg_clock_offset};
 pub const PRODUCERS: usize = 32;
 /// How long the idle relay is watched.
 pub const IDLE_WINDOW: Duration = Duration::from_secs(10);
-/// Wait before the idle window: longer than the relay's poll interval (5 s), so that its last
-/// busy transactions have been reported (a backend reports its statistics when it goes idle,
-/// at most once a second).
-const IDLE_SETTLE: Duration = Duration::from_secs(6);
+/// Wait before the idle window: the relay's pool alternates between its two connections, each
+/// scanning every other poll (5 s), and a backend reports its statistics when it goes idle (at
+/// most once a second, else 10 s later): after 12 s the busy phase is fully reported.
+const IDLE_SETTLE: Duration = Duration::from_secs(12);
 /// Jobs sent through the whole path before the clock starts (connections and pools open).
 const WARM: usize = 50;
 
@@ -99,13 +101,62 @@ pub struct RelayIdle {
     pub method: &'static str,
 }
 
+/// Producers' commit rate into the outbox, which bounds the end-to-end rate.
+#[derive(Clone, Debug, Serialize)]
+pub struct OutboxCommits {
+    pub n: usize,
+    pub producers: usize,
+    /// `outbox::enqueue` + COMMIT per row, the outbox trigger (`pg_notify`) on.
+    pub with_notify: f64,
+    /// The same with the trigger disabled: what the NOTIFY costs.
+    pub without_notify: f64,
+}
+
 #[derive(Clone, Debug, Serialize)]
 pub struct RelayFigures {
     pub producers: usize,
+    pub outbox_commits: OutboxCommits,
     pub relay_only: RelayOnly,
     pub relay_idle: RelayIdle,
     pub end_to_end_max: EndToEnd,
     pub end_to_end_paced: Vec<EndToEnd>,
+}
+
+/// Outbox commits per second from [`PRODUCERS`] producers, with and without the NOTIFY
+/// trigger, no relay running. PostgreSQL serialises the commits of transactions that NOTIFY
+/// (a lock on the notification queue is held through the commit's WAL flush), so group commit
+/// cannot help them.
+pub async fn outbox_commits(services: &Services, n: usize) -> anyhow::Result<OutboxCommits> {
+    let world = World::create(services, "raw-outbox", PRODUCERS as u32 + 2).await?;
+    let result = async {
+        let producer = |prefix: &str| OutboxProducer {
+            pool: world.db.postgres().clone(),
+            prefix: prefix.into(),
+        };
+        let rate = |prefix: &'static str| {
+            let p = producer(prefix);
+            async move {
+                let t = Instant::now();
+                workload::backlog(&p, n, PRODUCERS).await?;
+                anyhow::Ok(n as f64 / t.elapsed().as_secs_f64())
+            }
+        };
+        workload::backlog(&producer("warm"), PRODUCERS, PRODUCERS).await?;
+        let with_notify = rate("notify").await?;
+        sqlx::query("ALTER TABLE mailroom_outbox DISABLE TRIGGER mailroom_outbox_notify")
+            .execute(world.db.postgres())
+            .await?;
+        let without_notify = rate("quiet").await?;
+        anyhow::Ok(OutboxCommits {
+            n,
+            producers: PRODUCERS,
+            with_notify,
+            without_notify,
+        })
+    }
+    .await;
+    world.cleanup().await;
+    result
 }
 
 /// Relay only, then relay idle, on one world with one relay process.

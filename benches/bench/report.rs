@@ -307,7 +307,22 @@ fn incomplete(sent: i64, n: usize, complete: bool) -> String {
 fn relay_rows(t: &mut String, r: &Results, limit_text: &str) {
     let rel = &r.relay;
     let max = &rel.end_to_end_max;
-    let (_, limit) = slowest(r, 1);
+    let c = &rel.outbox_commits;
+    let _ = writeln!(
+        t,
+        "| **raw** PostgreSQL: `outbox::enqueue` + COMMIT, one row per transaction, {} producers: with the NOTIFY trigger / without | – | {}/s / {}/s | – |",
+        c.producers,
+        thousands(c.with_notify),
+        thousands(c.without_notify)
+    );
+    let (mut limit_text, mut limit) = (limit_text.to_string(), slowest(r, 1).1);
+    if c.with_notify < limit {
+        limit = c.with_notify;
+        limit_text = format!(
+            "outbox commits with NOTIFY {}/s (slowest raw part)",
+            thousands(limit)
+        );
+    }
     let _ = writeln!(
         t,
         "| **end to end**, 1 relay + 1 worker, {} producers committing one outbox row each: emails/s (first commit → last accepted){} | {} | {limit_text} | {} |",
