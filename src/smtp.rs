@@ -1,24 +1,35 @@
 //! Sending: builds the MIME message from a job and its rendering, with the deterministic
-//! Message-ID `<job_id.kind@domain>`, and sends it through lettre's pooled async SMTP transport
-//! (or writes `.eml` files for `file://` URLs). Every send runs under a semaphore (lettre's
-//! pool caps idle connections, not concurrent ones) and a whole-send timeout (lettre's async
-//! transport has no I/O timeout of its own).
+//! Message-ID `<job_id.kind@domain>`, and sends it through mailroom's SMTP connection pool
+//! ([`pool`]: lettre's protocol client on sockets with TCP_NODELAY), or writes `.eml` files for
+//! `file://` URLs. Every send runs under a semaphore (the cap on open connections) and a
+//! whole-send timeout (lettre's connection has no I/O timeout of its own), and a failure is
+//! classified by the SMTP phase it happened in ([`session`]).
+
+mod endpoint;
+mod pool;
+mod session;
+#[cfg(test)]
+mod tests;
+mod tls;
 
 use std::time::Duration;
 
 use lettre::{
-    AsyncFileTransport, AsyncSmtpTransport, AsyncTransport, Message, Tokio1Executor,
+    AsyncFileTransport, AsyncTransport, Message, Tokio1Executor,
     message::{
         Mailbox, MultiPart, SinglePart,
         header::{HeaderName, HeaderValue},
     },
-    transport::smtp::PoolConfig,
 };
 use tokio::sync::Semaphore;
 
 use crate::config::SecretUrl;
 use crate::job::ValidJob;
 use crate::render::RenderedEmail;
+
+pub use endpoint::{Endpoint, TlsMode};
+pub use pool::IDLE_TIMEOUT;
+pub use session::{Failure, Phase, PhaseCell, classify};
 
 /// Largest rendered email we hand to the SMTP server; common relays refuse more than 10 MB, and
 /// a transactional email near this size is a template bug.
@@ -27,12 +38,13 @@ pub const MAX_MESSAGE_BYTES: usize = 5 * 1024 * 1024;
 /// How an attempt ended, from the point of view of "was it delivered?".
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum SendError {
-    /// Not accepted, may succeed later: 4xx replies, refused connections, TLS handshakes.
+    /// Not accepted, may succeed later: 4xx replies, and any failure before the final dot of
+    /// DATA was sent (refused connections, TLS handshakes, timeouts, dropped connections).
     Transient { reason: String },
     /// Not accepted, never will be: 5xx replies, a message the client cannot send.
     Permanent { reason: String },
-    /// Maybe accepted: the connection broke or timed out where the server may already have
-    /// taken the message. See `MAILROOM_ON_UNCERTAIN`.
+    /// Maybe accepted: the connection broke or timed out after the final dot was sent, before
+    /// the server's reply. See `MAILROOM_ON_UNCERTAIN`.
     Uncertain { reason: String },
 }
 
@@ -58,7 +70,7 @@ pub enum BuildError {
 }
 
 enum Transport {
-    Smtp(AsyncSmtpTransport<Tokio1Executor>),
+    Smtp(pool::Pool),
     File(AsyncFileTransport<Tokio1Executor>),
 }
 
@@ -93,13 +105,9 @@ impl Mailer {
                 Transport::File(AsyncFileTransport::new(dir))
             }
             _ => {
-                let pool = PoolConfig::new().max_size(s.max_connections);
-                let transport = AsyncSmtpTransport::<Tokio1Executor>::from_url(s.url.expose())
-                    .map_err(|e| anyhow::anyhow!("SMTP_URL {}: {e}", s.url))?
-                    .timeout(Some(s.timeout))
-                    .pool_config(pool)
-                    .build();
-                Transport::Smtp(transport)
+                let endpoint = Endpoint::parse(s.url.url())
+                    .map_err(|e| anyhow::anyhow!("SMTP_URL {}: {e}", s.url))?;
+                Transport::Smtp(pool::Pool::new(endpoint))
             }
         };
         Ok(Mailer {
@@ -131,30 +139,41 @@ impl Mailer {
             .map_err(|_| SendError::Transient {
                 reason: "mailer is shutting down".into(),
             })?;
-        let sending = async {
-            match &self.transport {
-                Transport::Smtp(t) => t
-                    .send(message.clone())
-                    .await
-                    .map(|r| {
-                        let text: Vec<&str> = r.message().collect();
-                        format!("{} {}", r.code(), text.join(" "))
-                    })
-                    .map_err(|e| classify(&e)),
-                Transport::File(t) => t
-                    .send(message.clone())
-                    .await
-                    .map(|id| format!("written {id}.eml"))
-                    .map_err(|e| SendError::Transient {
+        match &self.transport {
+            Transport::Smtp(pool) => {
+                let phase = PhaseCell::default();
+                let bytes = message.formatted();
+                let sending = pool.send(message.envelope(), &bytes, &phase);
+                let failure = match tokio::time::timeout(self.timeout, sending).await {
+                    Ok(Ok(reply)) => {
+                        let text: Vec<&str> = reply.message().collect();
+                        return Ok(format!("{} {}", reply.code(), text.join(" ")));
+                    }
+                    Ok(Err(failure)) => failure,
+                    Err(_) => Failure::Timeout(self.timeout),
+                };
+                Err(classify(phase.get(), &failure))
+            }
+            Transport::File(t) => {
+                let writing = t.send(message.clone());
+                match tokio::time::timeout(self.timeout, writing).await {
+                    Ok(Ok(id)) => Ok(format!("written {id}.eml")),
+                    Ok(Err(e)) => Err(SendError::Transient {
                         reason: e.to_string(),
                     }),
+                    Err(_) => Err(SendError::Uncertain {
+                        reason: format!("writing the .eml took more than {:?}", self.timeout),
+                    }),
+                }
             }
-        };
-        match tokio::time::timeout(self.timeout, sending).await {
-            Ok(result) => result,
-            Err(_) => Err(SendError::Uncertain {
-                reason: format!("no answer within {:?}", self.timeout),
-            }),
+        }
+    }
+
+    /// Idle SMTP connections kept for reuse (0 for `file://`).
+    pub fn idle_connections(&self) -> usize {
+        match &self.transport {
+            Transport::Smtp(pool) => pool.idle_count(),
+            Transport::File(_) => 0,
         }
     }
 }
@@ -212,22 +231,6 @@ pub fn build_message(
     Ok(message)
 }
 
-/// Sorts a lettre error by what it says about delivery. A reply code means the server refused
-/// (4xx transient, 5xx permanent). A failure to connect happened before any mail command.
-/// A broken connection or malformed reply may have come after the final dot: uncertain.
-pub fn classify(e: &lettre::transport::smtp::Error) -> SendError {
-    let reason = e.to_string();
-    if e.is_transient() {
-        SendError::Transient { reason }
-    } else if e.is_permanent() || e.is_client() {
-        SendError::Permanent { reason }
-    } else if e.is_tls() || reason.starts_with("Connection error") {
-        SendError::Transient { reason }
-    } else {
-        SendError::Uncertain { reason }
-    }
-}
-
 /// `<job_id.kind@domain>`, with every byte outside `[A-Za-z0-9_-]` written as `=XX` so any job
 /// id yields a valid msg-id that is still readable for ordinary ids.
 pub fn message_id(job_id: &str, kind: &str, domain: &str) -> String {
@@ -245,25 +248,4 @@ pub fn message_id(job_id: &str, kind: &str, domain: &str) -> String {
         }
     }
     format!("<{left}@{domain}>")
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn message_id_is_deterministic_and_valid() {
-        assert_eq!(
-            message_id(
-                "order-1042-confirmation",
-                "order_confirmation",
-                "shop.example"
-            ),
-            "<order-1042-confirmation.order_confirmation@shop.example>"
-        );
-        assert_eq!(
-            message_id("a b<@>.c", "welcome", "x.example"),
-            "<a=20b=3C=40=3E=2Ec.welcome@x.example>"
-        );
-    }
 }

@@ -12,11 +12,15 @@ use plotters::prelude::*;
 use crate::Results;
 use crate::report::{path_floor_ms, thousands};
 
-const RUNS: [RGBColor; 4] = [
+const RUNS: [RGBColor; 8] = [
     RGBColor(31, 119, 180),
     RGBColor(44, 160, 44),
     RGBColor(148, 103, 189),
     RGBColor(140, 86, 75),
+    RGBColor(227, 119, 194),
+    RGBColor(188, 189, 34),
+    RGBColor(0, 0, 128),
+    RGBColor(128, 128, 0),
 ];
 const BROKER: RGBColor = RGBColor(255, 127, 14);
 const DB: RGBColor = RGBColor(214, 39, 40);
@@ -62,7 +66,7 @@ fn raw_limits(r: &Results) -> Vec<(String, f64, RGBColor)> {
             DB,
         ),
         (
-            format!("raw SMTP (lettre) {}/s", thousands(r.raw_smtp.rate)),
+            format!("raw SMTP (Mailer) {}/s", thousands(r.raw_smtp.rate)),
             r.raw_smtp.rate,
             SMTP,
         ),
@@ -165,6 +169,15 @@ fn latency(r: &Results, area: &Area) -> anyhow::Result<()> {
     for p in &r.paced_runs {
         curves.push((
             format!("{:.0}/s offered: publish → accepted", p.offered_rate),
+            p.latency.curve.clone(),
+        ));
+    }
+    for p in &r.relay.end_to_end_paced {
+        curves.push((
+            format!(
+                "end to end, {:.0}/s offered: commit → accepted",
+                p.offered_rate.unwrap_or(0.0)
+            ),
             p.latency.curve.clone(),
         ));
     }
@@ -296,7 +309,7 @@ fn throughput_bars(r: &Results, area: &Area) -> anyhow::Result<()> {
     }
     if let Some(nd) = r.raw_smtp.nodelay_rate {
         rows.push((
-            format!("raw SMTP (lettre, TCP_NODELAY) {}/s", thousands(nd)),
+            format!("raw SMTP (bare lettre connections) {}/s", thousands(nd)),
             nd,
             SMTP,
         ));
@@ -312,6 +325,42 @@ fn throughput_bars(r: &Results, area: &Area) -> anyhow::Result<()> {
             RUNS[i % RUNS.len()],
         ));
     }
+    let c = &r.relay.outbox_commits;
+    rows.push((
+        format!(
+            "raw outbox commits ({} producers) with NOTIFY {}/s",
+            c.producers,
+            thousands(c.with_notify)
+        ),
+        c.with_notify,
+        DB,
+    ));
+    rows.push((
+        format!(
+            "raw outbox commits without NOTIFY {}/s",
+            thousands(c.without_notify)
+        ),
+        c.without_notify,
+        DB,
+    ));
+    let e2e = &r.relay.end_to_end_max;
+    rows.push((
+        format!(
+            "mailroom end to end (1 relay + 1 worker): {}/s",
+            thousands(e2e.emails_per_s)
+        ),
+        e2e.emails_per_s,
+        GREY,
+    ));
+    let only = &r.relay.relay_only;
+    rows.push((
+        format!(
+            "mailroom relay only (outbox → queue): {}/s",
+            thousands(only.rows_per_s)
+        ),
+        only.rows_per_s,
+        BROKER,
+    ));
     let xmax = rows.iter().map(|r| r.1).fold(1.0, f64::max) * 1.05;
     bars(
         area,

@@ -14,7 +14,10 @@
 //!    database, then 1, 2, 4 worker processes drain them into smtp-sink;
 //! 3. the worker path at offered rates ([`workers::paced`]): 500/s and 25/50/90 % of the
 //!    1-process maximum, publish → SMTP accepted;
-//! 4. end to end, relay only, relay idle ([`relay`]): pending until `mailroom relay` exists.
+//! 4. relay only and relay idle ([`relay::relay_alone`]): outbox → queue rows/s, and the
+//!    idle relay's transactions per second;
+//! 5. end to end ([`relay::end_to_end`]): outbox commit → SMTP accepted through a relay and a
+//!    worker process, at full speed and at 25/50/90 % of that maximum and at 500/s.
 //!
 //! Under `cargo test --all-targets` (no `--bench` argument) it does nothing, so the test suite
 //! never runs a benchmark.
@@ -222,10 +225,68 @@ async fn run(opts: Opts) -> anyhow::Result<()> {
         paced_runs.push(run);
     }
 
-    let relay = relay::measure(&opts.fractions);
-    if relay::relay_available() {
-        step("`mailroom relay` exists: plug its measurements into benches/bench/relay.rs");
+    let commits_n = opts.floor_n * 10;
+    step(&format!(
+        "raw limit: outbox commits, {} producers, {commits_n} rows with and without NOTIFY",
+        relay::PRODUCERS
+    ));
+    let outbox_commits = relay::outbox_commits(&services, commits_n).await?;
+    step(&format!(
+        "  {:.0} commits/s with NOTIFY, {:.0} without",
+        outbox_commits.with_notify, outbox_commits.without_notify
+    ));
+    step(&format!(
+        "relay only: {} outbox rows committed at once, one relay process; then {} s idle",
+        opts.n,
+        relay::IDLE_WINDOW.as_secs()
+    ));
+    let (relay_only, relay_idle) = relay::relay_alone(&services, opts.n, &logs).await?;
+    step(&format!(
+        "  {:.0} rows/s; idle: {:.2} transactions/s",
+        relay_only.rows_per_s, relay_idle.per_s
+    ));
+    step(&format!(
+        "end to end: {} jobs committed by {} producers, 1 relay + 1 worker",
+        opts.n,
+        relay::PRODUCERS
+    ));
+    let end_to_end_max =
+        relay::end_to_end(&services, &sink, "e2e-max", None, opts.n, &logs).await?;
+    step(&format!(
+        "  {:.0} emails/s, {} sent",
+        end_to_end_max.emails_per_s, end_to_end_max.sent
+    ));
+    let mut e2e_rates: Vec<(String, f64)> = opts
+        .fractions
+        .iter()
+        .map(|f| {
+            (
+                format!("{:.0} % of max", f * 100.0),
+                end_to_end_max.emails_per_s * f,
+            )
+        })
+        .collect();
+    e2e_rates.push((format!("{:.0}/s", opts.target_rate), opts.target_rate));
+    let mut end_to_end_paced = vec![];
+    for (label, rate) in e2e_rates {
+        let n = ((rate * opts.paced_secs).round() as usize).max(10);
+        step(&format!(
+            "end to end at {label} ({rate:.0}/s offered, {n} jobs)"
+        ));
+        let world_label = format!("e2e-{}", rate.round());
+        let mut run =
+            relay::end_to_end(&services, &sink, &world_label, Some(rate), n, &logs).await?;
+        run.label = label;
+        end_to_end_paced.push(run);
     }
+    let relay = relay::RelayFigures {
+        producers: relay::PRODUCERS,
+        outbox_commits,
+        relay_only,
+        relay_idle,
+        end_to_end_max,
+        end_to_end_paced,
+    };
     sink.stop().await;
 
     let results = Results {

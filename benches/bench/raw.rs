@@ -6,7 +6,7 @@
 //! - database: `Database::claim` then `Database::record(sent)` (the very statements the worker
 //!   runs), each its own commit, from as many tasks as the worker's concurrency, through a pool
 //!   of the worker's size;
-//! - SMTP: `smtp-sink`'s accept rate driven by lettre through mailroom's `Mailer` (same pool
+//! - SMTP: `smtp-sink`'s accept rate driven through mailroom's `Mailer` (same pool
 //!   size, same semaphore, same timeout) with the email the worker sends; and, for reference,
 //!   by Postfix's `smtp-source`.
 //!
@@ -75,7 +75,7 @@ pub struct RawDb {
 #[derive(Clone, Debug, Serialize)]
 pub struct RawSmtp {
     pub n: usize,
-    /// Messages per second accepted by smtp-sink, driven by lettre through mailroom's `Mailer`.
+    /// Messages per second accepted by smtp-sink, driven through mailroom's `Mailer`.
     pub rate: f64,
     pub concurrency: usize,
     pub connections: u32,
@@ -84,9 +84,10 @@ pub struct RawSmtp {
     pub floor: Lat,
     /// The same server driven by Postfix's `smtp-source` (16 sessions, connections reused).
     pub smtp_source_rate: Option<f64>,
-    /// lettre's own `AsyncSmtpConnection` over sockets with TCP_NODELAY (Nagle off), same
-    /// number of connections: what mailroom's SMTP path could do without the 40 ms stall that
-    /// lettre 0.11.23 (no TCP_NODELAY) pays on every message (body and final dot are two writes).
+    /// Bare lettre `AsyncSmtpConnection`s over sockets with TCP_NODELAY (Nagle off), same
+    /// number of connections, without `Mailer`'s pool, semaphore and timeout: the cost of
+    /// those. (lettre's own pooled transport, without TCP_NODELAY, stalled 40 ms per message
+    /// on the delayed ACK: 352 msg/s here before mailroom opened its own sockets.)
     pub nodelay_rate: Option<f64>,
     pub nodelay_floor: Option<Lat>,
     pub cpu: CpuShare,
@@ -353,7 +354,7 @@ pub fn bench_mailer(sink: &SmtpSink) -> anyhow::Result<(Mailer, lettre::Message,
     Ok((mailer, message, bytes))
 }
 
-/// SMTP: smtp-sink's accept rate through lettre with the worker's pool settings.
+/// SMTP: smtp-sink's accept rate through `Mailer` with the worker's pool settings.
 pub async fn smtp(sink: &SmtpSink, n: usize, floor_n: usize) -> anyhow::Result<RawSmtp> {
     let (mailer, message, bytes) = bench_mailer(sink)?;
     let mailer = Arc::new(mailer);

@@ -7,7 +7,7 @@ use serde::Serialize;
 use crate::Results;
 use crate::latency::{Lat, ms};
 use crate::procstat::{self, CpuShare};
-use crate::relay::{Measured, NEEDS_RELAY};
+use crate::relay::EndToEnd;
 
 /// The machine the figures come from.
 #[derive(Clone, Debug, Serialize)]
@@ -75,7 +75,7 @@ pub fn thousands(v: f64) -> String {
 }
 
 /// The slowest raw part a job passes through with `workers` processes: the limit mailroom runs
-/// into. The SMTP figure is lettre's with one worker's connection pool, and each process brings
+/// into. The SMTP figure is mailroom's `Mailer` with one worker's connection pool, and each process brings
 /// its own pool, so it scales with the process count (up to what the server takes).
 pub fn slowest(r: &Results, workers: usize) -> (String, f64) {
     let smtp_server = r
@@ -86,9 +86,9 @@ pub fn slowest(r: &Results, workers: usize) -> (String, f64) {
         .fold(f64::INFINITY, f64::min);
     let smtp = (r.raw_smtp.rate * workers as f64).min(smtp_server);
     let smtp_name = if workers == 1 {
-        "SMTP (lettre → smtp-sink)".to_string()
+        "SMTP (`Mailer` → smtp-sink)".to_string()
     } else {
-        format!("SMTP (lettre → smtp-sink, {workers} pools)")
+        format!("SMTP (`Mailer` → smtp-sink, {workers} pools)")
     };
     [
         ("RabbitMQ".to_string(), r.raw_broker.rate),
@@ -195,7 +195,7 @@ pub fn table(r: &Results) -> String {
     );
     let _ = writeln!(
         t,
-        "| **raw** SMTP: smtp-sink driven by lettre (mailroom `Mailer`, {} connections, {} senders, {} B email) | – | {} msg/s; 1 at a time p50 {} ms | – |",
+        "| **raw** SMTP: smtp-sink driven by mailroom's `Mailer` (its pool: lettre's protocol client on TCP_NODELAY sockets, {} connections, {} senders, {} B email) | – | {} msg/s; 1 at a time p50 {} ms | – |",
         s.connections,
         s.concurrency,
         s.message_bytes,
@@ -212,7 +212,7 @@ pub fn table(r: &Results) -> String {
     if let (Some(rate), Some(floor)) = (s.nodelay_rate, &s.nodelay_floor) {
         let _ = writeln!(
             t,
-            "| **raw** SMTP: smtp-sink driven by lettre's `AsyncSmtpConnection` on TCP_NODELAY sockets ({} connections) | – | {} msg/s; 1 at a time p50 {} ms | – |",
+            "| **raw** SMTP: smtp-sink driven by bare lettre `AsyncSmtpConnection`s on TCP_NODELAY sockets ({} connections, no pool, no timeout) | – | {} msg/s; 1 at a time p50 {} ms | – |",
             s.connections,
             thousands(rate),
             ms(floor.p50)
@@ -285,42 +285,94 @@ pub fn table(r: &Results) -> String {
             lat_ratio(&p.latency, floor)
         );
     }
-    for (label, e2e) in &r.relay.end_to_end {
-        let value = match e2e {
-            Measured::Done(e) => format!(
-                "{} emails/s, {}",
-                thousands(e.emails_per_s),
-                e.latency.triple()
-            ),
-            Measured::Pending { pending } => (*pending).to_string(),
-        };
-        let _ = writeln!(
-            t,
-            "| end to end (outbox commit → SMTP accepted), {label} | {value} | {limit_text} | – |"
-        );
-    }
-    let pending = |m: &Measured<f64>| match m {
-        Measured::Done(v) => format!("{v:.1}"),
-        Measured::Pending { pending } => (*pending).to_string(),
-    };
-    let _ = writeln!(
-        t,
-        "| relay only: outbox → queue rows/s | {} | RabbitMQ {}/s | – |",
-        pending(&r.relay.relay_rows_per_s),
-        thousands(b.rate)
-    );
-    let _ = writeln!(
-        t,
-        "| relay idle: database queries/s | {} | target ≤ 1/s | – |",
-        pending(&r.relay.relay_idle_queries_per_s)
-    );
+    relay_rows(&mut t, r, &limit_text);
     let _ = writeln!(t);
     let _ = writeln!(t, "{}", saturation(r));
     let _ = writeln!(
         t,
-        "Latency clocks: claim and accepted+recorded are PostgreSQL `now()` (`created_at`, `sent_at`); publish is the bench's clock, shifted onto PostgreSQL's by the offset measured per run (same host, |offset| < 1 ms). Pending rows: {NEEDS_RELAY}."
+        "Latency clocks: claim and accepted+recorded are PostgreSQL `now()` (`created_at`, `sent_at`); publish is the bench's clock, shifted onto PostgreSQL's by the offset measured per run (same host, |offset| < 1 ms). End to end, a job counts from the moment its producer's COMMIT returned."
     );
     t
+}
+
+fn incomplete(sent: i64, n: usize, complete: bool) -> String {
+    if complete {
+        String::new()
+    } else {
+        format!(" (INCOMPLETE: {sent} of {n})")
+    }
+}
+
+/// End to end (outbox commit → SMTP accepted), relay only, relay idle.
+fn relay_rows(t: &mut String, r: &Results, limit_text: &str) {
+    let rel = &r.relay;
+    let max = &rel.end_to_end_max;
+    let c = &rel.outbox_commits;
+    let _ = writeln!(
+        t,
+        "| **raw** PostgreSQL: `outbox::enqueue` + COMMIT, one row per transaction, {} producers: with the NOTIFY trigger / without | – | {}/s / {}/s | – |",
+        c.producers,
+        thousands(c.with_notify),
+        thousands(c.without_notify)
+    );
+    let (mut limit_text, mut limit) = (limit_text.to_string(), slowest(r, 1).1);
+    if c.with_notify < limit {
+        limit = c.with_notify;
+        limit_text = format!(
+            "outbox commits with NOTIFY {}/s (slowest raw part)",
+            thousands(limit)
+        );
+    }
+    let _ = writeln!(
+        t,
+        "| **end to end**, 1 relay + 1 worker, {} producers committing one outbox row each: emails/s (first commit → last accepted){} | {} | {limit_text} | {} |",
+        rel.producers,
+        incomplete(max.sent, max.n, max.complete),
+        thousands(max.emails_per_s),
+        ratio(max.emails_per_s, limit)
+    );
+    let _ = writeln!(
+        t,
+        "| end to end at full speed: commit → accepted+recorded p50 / p95 / p99 (backlog: mostly queue position; producers committed {}/s) | {} | – | – |",
+        thousands(max.commit_rate),
+        max.latency.triple()
+    );
+    let floor = path_floor_ms(r);
+    for p in &rel.end_to_end_paced {
+        e2e_paced_row(t, p, floor);
+    }
+    let only = &rel.relay_only;
+    let _ = writeln!(
+        t,
+        "| **relay only**: outbox → queue rows/s ({} rows committed at once, 1 relay){} | {} | RabbitMQ {}/s | {} |",
+        thousands(only.n as f64),
+        if only.complete { "" } else { " (INCOMPLETE)" },
+        thousands(only.rows_per_s),
+        thousands(r.raw_broker.rate),
+        ratio(only.rows_per_s, r.raw_broker.rate)
+    );
+    let idle = &rel.relay_idle;
+    let _ = writeln!(
+        t,
+        "| **relay idle**: database transactions/s ({}, {:.0} s) | {:.2} | target ≤ 1/s | {} |",
+        idle.method,
+        idle.window_s,
+        idle.per_s,
+        ratio(idle.per_s, 1.0)
+    );
+}
+
+fn e2e_paced_row(t: &mut String, p: &EndToEnd, floor: f64) {
+    let _ = writeln!(
+        t,
+        "| end to end at {} ({:.0}/s offered): commit → accepted+recorded p50 / p95 / p99{} | {} | broker hop + claim + send + record, 1 at a time: {} ms (+ the relay's hop) | {} |",
+        p.label,
+        p.offered_rate.unwrap_or(0.0),
+        incomplete(p.sent, p.n, p.complete),
+        p.latency.triple(),
+        ms(floor),
+        lat_ratio(&p.latency, floor)
+    );
 }
 
 /// Which part saturates first, from the CPU shares of the worker runs.

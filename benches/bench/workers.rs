@@ -69,47 +69,66 @@ pub struct PacedRun {
     pub cpu: CpuShare,
 }
 
-/// Worker processes of one run.
-struct Fleet {
+/// mailroom processes of one run (workers, and relays for the end-to-end runs).
+#[derive(Default)]
+pub struct Fleet {
     children: Vec<Child>,
-    pids: Vec<u32>,
+    pub pids: Vec<u32>,
 }
 
 impl Fleet {
-    fn spawn(world: &World, sink: &SmtpSink, k: usize, logs: &Path) -> anyhow::Result<Fleet> {
+    pub fn spawn(world: &World, sink: &SmtpSink, k: usize, logs: &Path) -> anyhow::Result<Fleet> {
+        let mut fleet = Fleet {
+            children: vec![],
+            pids: vec![],
+        };
+        for i in 0..k {
+            fleet.add(world, "worker", i + 1, Some(sink), logs)?;
+        }
+        Ok(fleet)
+    }
+
+    /// Starts one more `mailroom <command>` (`worker` or `relay`) on this world; its log is
+    /// `<logs>/<world>-<command><i>.log`.
+    pub fn add(
+        &mut self,
+        world: &World,
+        command: &str,
+        i: usize,
+        sink: Option<&SmtpSink>,
+        logs: &Path,
+    ) -> anyhow::Result<()> {
         std::fs::create_dir_all(logs)?;
         let templates = Path::new(env!("CARGO_MANIFEST_DIR")).join("templates");
-        let mut children = vec![];
-        let mut pids = vec![];
-        for i in 0..k {
-            let log =
-                std::fs::File::create(logs.join(format!("{}-worker{}.log", world.label, i + 1)))?;
-            let child = Command::new(env!("CARGO_BIN_EXE_mailroom"))
-                .arg("worker")
-                .args(["--database-url", &world.db_url])
-                .args(["--amqp-url", &world.services.amqp_url])
-                .args(["--namespace", &world.namespace])
-                .args(["--smtp-url", &sink.url()])
+        let log = std::fs::File::create(logs.join(format!("{}-{command}{i}.log", world.label)))?;
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_mailroom"));
+        cmd.arg(command)
+            .args(["--database-url", &world.db_url])
+            .args(["--amqp-url", &world.services.amqp_url])
+            .args(["--namespace", &world.namespace]);
+        if let Some(sink) = sink {
+            cmd.args(["--smtp-url", &sink.url()])
                 .args(["--from", FROM])
                 .arg("--templates")
-                .arg(&templates)
-                .env_remove("DATABASE_URL")
-                .env_remove("AMQP_URL")
-                .env_remove("SMTP_URL")
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(Stdio::from(log))
-                .kill_on_drop(true)
-                .spawn()
-                .context("starting mailroom worker")?;
-            pids.push(child.id().context("worker pid")?);
-            children.push(child);
+                .arg(&templates);
         }
-        Ok(Fleet { children, pids })
+        let child = cmd
+            .env_remove("DATABASE_URL")
+            .env_remove("AMQP_URL")
+            .env_remove("SMTP_URL")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::from(log))
+            .kill_on_drop(true)
+            .spawn()
+            .with_context(|| format!("starting mailroom {command}"))?;
+        self.pids.push(child.id().context("process id")?);
+        self.children.push(child);
+        Ok(())
     }
 
     /// SIGTERM (graceful), then SIGKILL after the grace period.
-    async fn stop(mut self) {
+    pub async fn stop(mut self) {
         for pid in &self.pids {
             let _ = Command::new("kill")
                 .args(["-TERM", &pid.to_string()])
@@ -127,7 +146,7 @@ impl Fleet {
     }
 }
 
-async fn count_sent(pg: &mut PgConnection, prefix: &str) -> anyhow::Result<i64> {
+pub async fn count_sent(pg: &mut PgConnection, prefix: &str) -> anyhow::Result<i64> {
     Ok(sqlx::query_scalar(
         "SELECT count(*) FROM sent_notifications WHERE status = 'sent' AND job_id LIKE $1",
     )
@@ -137,7 +156,7 @@ async fn count_sent(pg: &mut PgConnection, prefix: &str) -> anyhow::Result<i64> 
 }
 
 /// (job_id, claimed at, sent at) of every sent job whose id starts with `prefix-`.
-async fn sent_rows(
+pub async fn sent_rows(
     pg: &mut PgConnection,
     prefix: &str,
 ) -> anyhow::Result<Vec<(String, DateTime<Utc>, DateTime<Utc>)>> {
@@ -150,12 +169,12 @@ async fn sent_rows(
     .await?)
 }
 
-fn ms_between(a: DateTime<Utc>, b: DateTime<Utc>) -> f64 {
+pub fn ms_between(a: DateTime<Utc>, b: DateTime<Utc>) -> f64 {
     (b - a).num_microseconds().unwrap_or(i64::MAX) as f64 / 1000.0
 }
 
 /// How long to wait for a run before giving up (generous: a stuck run is reported, not hung).
-fn patience(n: usize) -> Duration {
+pub fn patience(n: usize) -> Duration {
     Duration::from_secs(60) + Duration::from_millis(n as u64 * 10)
 }
 
@@ -360,7 +379,7 @@ async fn paced_in(
     result
 }
 
-async fn wait_for(
+pub async fn wait_for(
     pg: &mut PgConnection,
     prefix: &str,
     n: usize,

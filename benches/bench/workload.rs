@@ -19,9 +19,15 @@ pub const KIND: &str = "welcome";
 
 /// Job `i` of a run: the `welcome` email with its sample data, as a producer would write it.
 pub fn job(prefix: &str, i: usize, created_at: DateTime<Utc>) -> (String, Vec<u8>) {
-    let job_id = format!("{prefix}-{i}");
-    let job = EmailJob {
-        job_id: job_id.clone(),
+    let job = email_job(prefix, i, created_at);
+    let body = serde_json::to_vec(&job).expect("a job serialises");
+    (job.job_id, body)
+}
+
+/// The [`EmailJob`] of [`job`].
+pub fn email_job(prefix: &str, i: usize, created_at: DateTime<Utc>) -> EmailJob {
+    EmailJob {
+        job_id: format!("{prefix}-{i}"),
         kind: KIND.into(),
         to: vec![format!("Ada Lovelace <ada+{i}@example.com>")],
         cc: vec![],
@@ -36,9 +42,7 @@ pub fn job(prefix: &str, i: usize, created_at: DateTime<Utc>) -> (String, Vec<u8
         }),
         headers: Default::default(),
         created_at: Some(created_at),
-    };
-    let body = serde_json::to_vec(&job).expect("a job serialises");
-    (job_id, body)
+    }
 }
 
 /// The index of a job id made by [`job`].

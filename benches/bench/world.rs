@@ -57,7 +57,7 @@ pub struct World {
     pub label: String,
     pub db: Database,
     pub db_url: String,
-    db_name: String,
+    pub db_name: String,
     pub namespace: String,
     pub topology: Topology,
     pub conn: Connection,
@@ -112,6 +112,14 @@ impl World {
     }
 
     /// A plain connection to this world's database (for polling and reading results).
+    /// The pool of the benchmark's database, which is always PostgreSQL.
+    pub fn pg_pool(&self) -> &sqlx::PgPool {
+        match &self.db {
+            Database::Postgres(pool) => pool,
+            Database::MySql(_) => unreachable!("the benchmark creates a PostgreSQL database"),
+        }
+    }
+
     pub async fn pg(&self) -> anyhow::Result<PgConnection> {
         Ok(PgConnection::connect(&self.db_url).await?)
     }

@@ -10,6 +10,7 @@ mod helpers;
 
 mod crash;
 mod delivery;
+mod disruptive;
 mod dlq;
 mod failures;
 mod http;

@@ -1,0 +1,276 @@
+//! One SMTP transaction on an open connection, step by step (MAIL, RCPT, DATA, body, final
+//! dot), so that a failure is known with its phase. That phase decides what a failure means
+//! (RFC 5321 §4.5.3.2.6, RFC 1047): nothing is delivered before the final dot is sent, so a
+//! broken connection or a timeout up to then is a safe retry; only a break after the dot leaves
+//! the outcome unknown. A reply code is an answer whatever the phase: 4xx transient, 5xx
+//! permanent (a 4xx/5xx to the final dot means "not accepted").
+
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::time::Duration;
+
+use lettre::address::Envelope;
+use lettre::transport::smtp::client::AsyncSmtpConnection;
+use lettre::transport::smtp::commands::{Data, Mail, Rcpt};
+use lettre::transport::smtp::extension::{Extension, MailBodyParameter, MailParameter};
+use lettre::transport::smtp::response::Response;
+
+use super::SendError;
+
+/// Where a send is. Ordered: a later phase has a larger value.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+#[repr(u8)]
+pub enum Phase {
+    /// TCP, TLS, greeting, EHLO, STARTTLS, AUTH.
+    Connect = 0,
+    Mail = 1,
+    Rcpt = 2,
+    Data = 3,
+    /// Writing the message body (DATA was answered 354).
+    Body = 4,
+    /// The whole body is written: the final dot goes out next and then its reply is awaited.
+    /// From here on the server may have taken the message.
+    FinalDot = 5,
+}
+
+impl Phase {
+    fn from_u8(v: u8) -> Phase {
+        match v {
+            0 => Phase::Connect,
+            1 => Phase::Mail,
+            2 => Phase::Rcpt,
+            3 => Phase::Data,
+            4 => Phase::Body,
+            _ => Phase::FinalDot,
+        }
+    }
+
+    pub fn describe(self) -> &'static str {
+        match self {
+            Phase::Connect => "while connecting",
+            Phase::Mail => "at MAIL FROM",
+            Phase::Rcpt => "at RCPT TO",
+            Phase::Data => "at DATA",
+            Phase::Body => "while sending the message body",
+            Phase::FinalDot => "after the final dot",
+        }
+    }
+}
+
+/// The phase of one send, readable after its future was dropped by a timeout.
+#[derive(Debug, Default)]
+pub struct PhaseCell(AtomicU8);
+
+impl PhaseCell {
+    pub fn set(&self, p: Phase) {
+        self.0.store(p as u8, Ordering::Release);
+    }
+
+    pub fn get(&self) -> Phase {
+        Phase::from_u8(self.0.load(Ordering::Acquire))
+    }
+}
+
+/// Why a send failed, before classification.
+#[derive(Debug)]
+pub enum Failure {
+    /// lettre's error: a reply code, or a network, TLS or protocol error.
+    Smtp(lettre::transport::smtp::Error),
+    /// Opening the TCP connection.
+    Io(std::io::Error),
+    /// The message cannot be sent to this server, whatever the retry.
+    Refused(String),
+    /// The whole-send deadline passed.
+    Timeout(Duration),
+}
+
+impl Failure {
+    /// No answer from the server: the connection broke, timed out or spoke nonsense.
+    pub fn is_no_reply(&self) -> bool {
+        match self {
+            Failure::Smtp(e) => !(e.is_transient() || e.is_permanent() || e.is_client()),
+            Failure::Io(_) | Failure::Timeout(_) => true,
+            Failure::Refused(_) => false,
+        }
+    }
+
+    /// The server said it is closing the connection (421), e.g. after an idle timeout.
+    pub fn is_closing(&self) -> bool {
+        matches!(self, Failure::Smtp(e) if e.status().is_some_and(|c| c.to_string() == "421"))
+    }
+}
+
+impl std::fmt::Display for Failure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Failure::Smtp(e) => write!(f, "{e}"),
+            Failure::Io(e) => write!(f, "connection error: {e}"),
+            Failure::Refused(why) => write!(f, "{why}"),
+            Failure::Timeout(d) => write!(f, "no answer within {d:?}"),
+        }
+    }
+}
+
+impl From<lettre::transport::smtp::Error> for Failure {
+    fn from(e: lettre::transport::smtp::Error) -> Failure {
+        Failure::Smtp(e)
+    }
+}
+
+/// What a failure in `phase` says about delivery.
+pub fn classify(phase: Phase, failure: &Failure) -> SendError {
+    let reason = format!("{failure} ({})", phase.describe());
+    match failure {
+        Failure::Smtp(e) if e.is_transient() => SendError::Transient { reason },
+        Failure::Smtp(e) if e.is_permanent() || e.is_client() => SendError::Permanent { reason },
+        Failure::Refused(_) => SendError::Permanent { reason },
+        _ if phase >= Phase::FinalDot => SendError::Uncertain { reason },
+        _ => SendError::Transient { reason },
+    }
+}
+
+/// MAIL FROM, RCPT TO each recipient, DATA, the body and the final dot, updating `phase`
+/// before each step. Returns the reply to the final dot.
+pub async fn transaction(
+    conn: &mut AsyncSmtpConnection,
+    envelope: &Envelope,
+    email: &[u8],
+    phase: &PhaseCell,
+) -> Result<Response, Failure> {
+    phase.set(Phase::Mail);
+    let params = mail_parameters(conn, envelope, email)?;
+    conn.command(Mail::new(envelope.from().cloned(), params))
+        .await?;
+    phase.set(Phase::Rcpt);
+    for to in envelope.to() {
+        conn.command(Rcpt::new(to.clone(), vec![])).await?;
+    }
+    phase.set(Phase::Data);
+    conn.command(Data).await?;
+    phase.set(Phase::Body);
+    // lettre writes every part the iterator yields, then the final dot as a write of its own,
+    // then reads the reply: the iterator running dry is the moment the body is all written
+    // and the dot is next.
+    let body = BodyThenDot {
+        part: Some(email),
+        phase,
+    };
+    Ok(conn.message_iter(body).await?)
+}
+
+/// SMTPUTF8 and 8BITMIME when the envelope or the message need them (as lettre's own `send`),
+/// or a refusal when the server lacks them.
+fn mail_parameters(
+    conn: &AsyncSmtpConnection,
+    envelope: &Envelope,
+    email: &[u8],
+) -> Result<Vec<MailParameter>, Failure> {
+    let info = conn.server_info();
+    let mut params = vec![];
+    let non_ascii = envelope
+        .from()
+        .into_iter()
+        .chain(envelope.to())
+        .any(|a| !AsRef::<str>::as_ref(a).is_ascii());
+    if non_ascii {
+        if !info.supports_feature(Extension::SmtpUtfEight) {
+            return Err(Failure::Refused(
+                "non-ASCII address but the server does not offer SMTPUTF8".into(),
+            ));
+        }
+        params.push(MailParameter::SmtpUtfEight);
+    }
+    if !email.is_ascii() {
+        if !info.supports_feature(Extension::EightBitMime) {
+            return Err(Failure::Refused(
+                "non-ASCII message but the server does not offer 8BITMIME".into(),
+            ));
+        }
+        params.push(MailParameter::Body(MailBodyParameter::EightBitMime));
+    }
+    Ok(params)
+}
+
+/// Yields the message once; when asked for more, records that the body is written.
+struct BodyThenDot<'a> {
+    part: Option<&'a [u8]>,
+    phase: &'a PhaseCell,
+}
+
+impl<'a> Iterator for BodyThenDot<'a> {
+    type Item = &'a [u8];
+
+    fn next(&mut self) -> Option<&'a [u8]> {
+        let part = self.part.take();
+        if part.is_none() {
+            self.phase.set(Phase::FinalDot);
+        }
+        part
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn io() -> Failure {
+        Failure::Io(std::io::Error::from(std::io::ErrorKind::ConnectionReset))
+    }
+
+    fn class(e: &SendError) -> &'static str {
+        match e {
+            SendError::Transient { .. } => "transient",
+            SendError::Permanent { .. } => "permanent",
+            SendError::Uncertain { .. } => "uncertain",
+        }
+    }
+
+    #[test]
+    fn a_break_is_a_safe_retry_until_the_body_is_written_and_uncertain_after() {
+        for p in [
+            Phase::Connect,
+            Phase::Mail,
+            Phase::Rcpt,
+            Phase::Data,
+            Phase::Body,
+        ] {
+            assert_eq!(class(&classify(p, &io())), "transient", "{p:?}");
+            let t = Failure::Timeout(Duration::from_secs(1));
+            assert_eq!(class(&classify(p, &t)), "transient", "{p:?}");
+        }
+        assert_eq!(class(&classify(Phase::FinalDot, &io())), "uncertain");
+        let t = Failure::Timeout(Duration::from_secs(1));
+        let e = classify(Phase::FinalDot, &t);
+        assert_eq!(class(&e), "uncertain");
+        assert!(e.to_string().contains("after the final dot"), "{e}");
+    }
+
+    #[test]
+    fn refusals_are_permanent_whatever_the_phase() {
+        let r = Failure::Refused("no SMTPUTF8".into());
+        assert_eq!(class(&classify(Phase::Mail, &r)), "permanent");
+    }
+
+    #[test]
+    fn phases_survive_the_cell() {
+        let cell = PhaseCell::default();
+        assert_eq!(cell.get(), Phase::Connect);
+        for p in [Phase::Mail, Phase::Body, Phase::FinalDot] {
+            cell.set(p);
+            assert_eq!(cell.get(), p);
+        }
+    }
+
+    #[test]
+    fn the_body_iterator_marks_the_dot_only_once_the_body_is_out() {
+        let cell = PhaseCell::default();
+        cell.set(Phase::Body);
+        let mut it = BodyThenDot {
+            part: Some(b"hello"),
+            phase: &cell,
+        };
+        assert_eq!(it.next(), Some(&b"hello"[..]));
+        assert_eq!(cell.get(), Phase::Body);
+        assert_eq!(it.next(), None);
+        assert_eq!(cell.get(), Phase::FinalDot);
+    }
+}

@@ -1,0 +1,405 @@
+//! The pool and the phase classification against a scripted SMTP server on loopback: each
+//! test says how the server behaves at one step and checks what `Mailer::send` concludes.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use lettre::Message;
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::net::{TcpListener, TcpStream};
+
+use super::*;
+
+/// What the scripted server does after the final dot.
+#[derive(Clone, Copy)]
+enum AfterDot {
+    Reply(&'static str),
+    Close,
+    Stall,
+}
+
+#[derive(Clone, Copy)]
+struct Script {
+    greet: bool,
+    mail: &'static str,
+    rcpt: &'static str,
+    /// `None`: answer 354 and read the body; `Some(reply)`: answer DATA with it.
+    data: Option<&'static str>,
+    /// Close the connection right after the 354.
+    close_after_354: bool,
+    after_dot: AfterDot,
+    /// Hang up once this many messages were accepted on a connection (a server that drops
+    /// clients idle too long); with `closing_421` it says 421 first.
+    messages_per_connection: Option<usize>,
+    closing_421: bool,
+    dot_delay: Duration,
+}
+
+impl Default for Script {
+    fn default() -> Script {
+        Script {
+            greet: true,
+            mail: "250 2.1.0 ok",
+            rcpt: "250 2.1.5 ok",
+            data: None,
+            close_after_354: false,
+            after_dot: AfterDot::Reply("250 2.0.0 queued"),
+            messages_per_connection: None,
+            closing_421: false,
+            dot_delay: Duration::ZERO,
+        }
+    }
+}
+
+#[derive(Default)]
+struct Counters {
+    connections: AtomicUsize,
+    accepted: AtomicUsize,
+    open: AtomicUsize,
+    max_open: AtomicUsize,
+}
+
+struct Server {
+    port: u16,
+    counters: Arc<Counters>,
+}
+
+async fn server(script: Script) -> Server {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let counters = Arc::new(Counters::default());
+    let c = counters.clone();
+    tokio::spawn(async move {
+        while let Ok((socket, _)) = listener.accept().await {
+            let c = c.clone();
+            c.connections.fetch_add(1, Ordering::SeqCst);
+            let open = c.open.fetch_add(1, Ordering::SeqCst) + 1;
+            c.max_open.fetch_max(open, Ordering::SeqCst);
+            tokio::spawn(async move {
+                let _ = session(socket, script, &c).await;
+                c.open.fetch_sub(1, Ordering::SeqCst);
+            });
+        }
+    });
+    Server { port, counters }
+}
+
+async fn session(socket: TcpStream, s: Script, c: &Counters) -> std::io::Result<()> {
+    let (read, mut w) = socket.into_split();
+    let mut lines = BufReader::new(read);
+    if !s.greet {
+        tokio::time::sleep(Duration::from_secs(3600)).await;
+    }
+    w.write_all(b"220 fake ESMTP\r\n").await?;
+    let mut accepted_here = 0;
+    let mut line = String::new();
+    loop {
+        line.clear();
+        if lines.read_line(&mut line).await? == 0 {
+            return Ok(());
+        }
+        let verb = line.get(..4).unwrap_or("").to_ascii_uppercase();
+        let reply = match verb.as_str() {
+            "EHLO" => "250-fake\r\n250 8BITMIME",
+            "MAIL" => s.mail,
+            "RCPT" => s.rcpt,
+            "DATA" => match s.data {
+                Some(reply) => reply,
+                None => {
+                    w.write_all(b"354 go ahead\r\n").await?;
+                    if s.close_after_354 {
+                        return Ok(());
+                    }
+                    loop {
+                        line.clear();
+                        if lines.read_line(&mut line).await? == 0 {
+                            return Ok(());
+                        }
+                        if line == ".\r\n" {
+                            break;
+                        }
+                    }
+                    tokio::time::sleep(s.dot_delay).await;
+                    match s.after_dot {
+                        AfterDot::Reply(r) => {
+                            if r.starts_with('2') {
+                                c.accepted.fetch_add(1, Ordering::SeqCst);
+                                accepted_here += 1;
+                            }
+                            r
+                        }
+                        AfterDot::Close => return Ok(()),
+                        AfterDot::Stall => {
+                            tokio::time::sleep(Duration::from_secs(3600)).await;
+                            return Ok(());
+                        }
+                    }
+                }
+            },
+            "QUIT" => {
+                w.write_all(b"221 bye\r\n").await?;
+                return Ok(());
+            }
+            _ => "250 ok",
+        };
+        w.write_all(format!("{reply}\r\n").as_bytes()).await?;
+        if s.messages_per_connection == Some(accepted_here) {
+            if s.closing_421 {
+                w.write_all(b"421 4.4.2 idle too long\r\n").await?;
+            }
+            return Ok(());
+        }
+    }
+}
+
+fn mailer(port: u16, timeout: Duration, max_connections: u32) -> Mailer {
+    Mailer::new(&MailerSettings {
+        url: format!("smtp://127.0.0.1:{port}").parse().unwrap(),
+        from: "Shop <noreply@shop.example>".parse().unwrap(),
+        message_id_domain: "shop.example".into(),
+        timeout,
+        max_connections,
+    })
+    .unwrap()
+}
+
+fn message() -> Message {
+    Message::builder()
+        .from("Shop <noreply@shop.example>".parse().unwrap())
+        .to("Ada <ada@example.com>".parse().unwrap())
+        .subject("hello")
+        .body(String::from("Hello Ada.\r\n.\r\nA dot line above."))
+        .unwrap()
+}
+
+async fn outcome(script: Script) -> Result<String, SendError> {
+    let s = server(script).await;
+    mailer(s.port, Duration::from_millis(500), 4)
+        .send(&message())
+        .await
+}
+
+fn class(r: &Result<String, SendError>) -> &'static str {
+    match r {
+        Ok(_) => "sent",
+        Err(SendError::Transient { .. }) => "transient",
+        Err(SendError::Permanent { .. }) => "permanent",
+        Err(SendError::Uncertain { .. }) => "uncertain",
+    }
+}
+
+#[tokio::test]
+async fn sockets_have_nagle_off() {
+    let s = server(Script::default()).await;
+    let tcp = pool::connect_tcp("127.0.0.1", s.port).await.unwrap();
+    assert!(tcp.nodelay().unwrap());
+}
+
+#[tokio::test]
+async fn sequential_sends_reuse_one_connection() {
+    let s = server(Script::default()).await;
+    let m = mailer(s.port, Duration::from_secs(5), 4);
+    for _ in 0..5 {
+        let reply = m.send(&message()).await.unwrap();
+        assert!(reply.starts_with("250"), "{reply}");
+    }
+    assert_eq!(s.counters.connections.load(Ordering::SeqCst), 1);
+    assert_eq!(s.counters.accepted.load(Ordering::SeqCst), 5);
+    assert_eq!(m.idle_connections(), 1);
+}
+
+#[tokio::test]
+async fn concurrent_sends_never_open_more_than_the_cap() {
+    let s = server(Script {
+        dot_delay: Duration::from_millis(20),
+        ..Script::default()
+    })
+    .await;
+    let m = Arc::new(mailer(s.port, Duration::from_secs(10), 3));
+    let sends = (0..24).map(|_| {
+        let m = m.clone();
+        tokio::spawn(async move { m.send(&message()).await })
+    });
+    for r in futures_util::future::join_all(sends).await {
+        r.unwrap().unwrap();
+    }
+    assert_eq!(s.counters.accepted.load(Ordering::SeqCst), 24);
+    assert!(s.counters.max_open.load(Ordering::SeqCst) <= 3);
+    assert!(s.counters.connections.load(Ordering::SeqCst) <= 3);
+}
+
+#[tokio::test]
+async fn reply_codes_are_answers_whatever_the_phase() {
+    let cases = [
+        (
+            Script {
+                mail: "451 4.3.0 try later",
+                ..Script::default()
+            },
+            "transient",
+            "MAIL FROM",
+        ),
+        (
+            Script {
+                mail: "421 4.3.0 closing",
+                ..Script::default()
+            },
+            "transient",
+            "MAIL FROM",
+        ),
+        (
+            Script {
+                rcpt: "550 5.1.1 no such user",
+                ..Script::default()
+            },
+            "permanent",
+            "RCPT TO",
+        ),
+        (
+            Script {
+                data: Some("554 5.0.0 no"),
+                ..Script::default()
+            },
+            "permanent",
+            "DATA",
+        ),
+        (
+            Script {
+                after_dot: AfterDot::Reply("452 4.3.1 full"),
+                ..Script::default()
+            },
+            "transient",
+            "final dot",
+        ),
+        (
+            Script {
+                after_dot: AfterDot::Reply("552 5.3.4 too big"),
+                ..Script::default()
+            },
+            "permanent",
+            "final dot",
+        ),
+    ];
+    for (script, expected, phase) in cases {
+        let r = outcome(script).await;
+        assert_eq!(class(&r), expected, "{r:?}");
+        let reason = r.unwrap_err().to_string();
+        assert!(reason.contains(phase), "{reason} should name {phase}");
+    }
+}
+
+#[tokio::test]
+async fn a_break_before_the_final_dot_is_transient() {
+    let silent = outcome(Script {
+        greet: false,
+        ..Script::default()
+    })
+    .await;
+    assert_eq!(class(&silent), "transient", "{silent:?}");
+    let refused = {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        mailer(port, Duration::from_secs(1), 1)
+            .send(&message())
+            .await
+    };
+    assert_eq!(class(&refused), "transient", "{refused:?}");
+}
+
+#[tokio::test]
+async fn a_break_while_the_body_is_written_is_transient() {
+    let s = server(Script {
+        close_after_354: true,
+        ..Script::default()
+    })
+    .await;
+    let pool = pool::Pool::new(
+        Endpoint::parse(&format!("smtp://127.0.0.1:{}", s.port).parse().unwrap()).unwrap(),
+    );
+    let envelope = message().envelope().clone();
+    // Far more than the socket buffers hold: the writes fail before the dot is reached.
+    let body = vec![b'x'; 32 * 1024 * 1024];
+    let phase = PhaseCell::default();
+    let failure = pool.send(&envelope, &body, &phase).await.unwrap_err();
+    assert_eq!(phase.get(), Phase::Body, "{failure}");
+    assert!(matches!(
+        classify(phase.get(), &failure),
+        SendError::Transient { .. }
+    ));
+}
+
+#[tokio::test]
+async fn a_break_after_the_final_dot_is_uncertain() {
+    let closed = outcome(Script {
+        after_dot: AfterDot::Close,
+        ..Script::default()
+    })
+    .await;
+    assert_eq!(class(&closed), "uncertain", "{closed:?}");
+    let stalled = outcome(Script {
+        after_dot: AfterDot::Stall,
+        ..Script::default()
+    })
+    .await;
+    assert_eq!(class(&stalled), "uncertain", "{stalled:?}");
+    assert!(
+        stalled
+            .unwrap_err()
+            .to_string()
+            .contains("no answer within")
+    );
+}
+
+#[tokio::test]
+async fn a_pooled_connection_the_server_dropped_is_replaced_without_failing_the_send() {
+    for closing_421 in [false, true] {
+        let s = server(Script {
+            messages_per_connection: Some(1),
+            closing_421,
+            ..Script::default()
+        })
+        .await;
+        let m = mailer(s.port, Duration::from_secs(5), 2);
+        for _ in 0..3 {
+            m.send(&message()).await.unwrap();
+        }
+        assert_eq!(s.counters.accepted.load(Ordering::SeqCst), 3);
+        assert_eq!(s.counters.connections.load(Ordering::SeqCst), 3);
+    }
+}
+
+#[test]
+fn message_id_is_deterministic_and_valid() {
+    assert_eq!(
+        message_id(
+            "order-1042-confirmation",
+            "order_confirmation",
+            "shop.example"
+        ),
+        "<order-1042-confirmation.order_confirmation@shop.example>"
+    );
+    assert_eq!(
+        message_id("a b<@>.c", "welcome", "x.example"),
+        "<a=20b=3C=40=3E=2Ec.welcome@x.example>"
+    );
+}
+
+#[tokio::test]
+async fn implicit_tls_to_a_plaintext_server_is_a_transient_connect_failure() {
+    let s = server(Script::default()).await;
+    let m = Mailer::new(&MailerSettings {
+        url: format!("smtps://127.0.0.1:{}", s.port).parse().unwrap(),
+        from: "Shop <noreply@shop.example>".parse().unwrap(),
+        message_id_domain: "shop.example".into(),
+        timeout: Duration::from_secs(2),
+        max_connections: 1,
+    })
+    .unwrap();
+    let r = m.send(&message()).await;
+    assert_eq!(class(&r), "transient", "{r:?}");
+    assert!(r.unwrap_err().to_string().contains("while connecting"));
+}
