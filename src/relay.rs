@@ -4,11 +4,13 @@
 //! rows whose confirm was a clean ack. A crash between confirm and commit publishes those rows
 //! again; the worker's claim makes the duplicate harmless.
 //!
-//! Wake-ups on PostgreSQL come from `LISTEN/NOTIFY` (the outbox trigger notifies at commit).
-//! Listening starts before the first scan, so nothing committed in between is missed, and a
-//! fallback poll covers notifications lost while the listener reconnects. MySQL has no
-//! notifications: the relay polls adaptively, every `poll_min` while rows keep coming and
-//! doubling up to `poll_max` while the outbox is idle, each idle poll one lock-free query.
+//! Wake-ups: after a batch the relay probes the outbox (one lock-free query) every `poll_min`,
+//! doubling while nothing comes, up to a ceiling. On PostgreSQL the ceiling is the fallback
+//! `poll_interval` and `LISTEN/NOTIFY` wakes an idle relay at once: the outbox trigger notifies
+//! only when no other row is waiting, because NOTIFY serialises commits (every producer would
+//! queue behind one lock) and a relay with rows waiting is busy or probing fast anyway.
+//! Listening starts before the first scan, so nothing committed in between is missed. MySQL
+//! has no notifications: the probes alone, up to `poll_max`.
 //! On both engines an enqueue made in the same process (the HTTP API of `mailroom run`) wakes
 //! the relay at once through [`Relay::waker`].
 
@@ -45,10 +47,11 @@ pub struct RelaySettings {
     pub topology: Topology,
     /// Rows per claim, publish and mark.
     pub batch_size: i64,
-    /// PostgreSQL: scan this often even without a notification.
+    /// PostgreSQL: the longest wait between probes of an idle outbox (notifications wake it).
     pub poll_interval: Duration,
-    /// MySQL: the shortest and the longest wait between polls of the outbox.
+    /// The wait between probes while rows keep coming, doubling while none do.
     pub poll_min: Duration,
+    /// MySQL: the longest wait between probes of an idle outbox.
     pub poll_max: Duration,
     /// Published rows older than this are deleted.
     pub retention: Duration,
@@ -63,14 +66,15 @@ pub struct RelayStats {
     pub parked: AtomicU64,
     /// Scans of the outbox (claim statements), busy or idle.
     pub scans: AtomicU64,
-    /// Lock-free "is there work?" queries of the MySQL poll.
+    /// Lock-free "is there work?" probes between scans.
     pub probes: AtomicU64,
     /// Published rows deleted past the retention age.
     pub deleted: AtomicU64,
 }
 
-/// The wait between polls of a MySQL outbox: `min` after a busy scan, doubling while idle, up
-/// to `max`. Pure, so its schedule is unit-tested.
+/// The wait between probes of the outbox: `min` after a busy scan, doubling while idle, up to
+/// `max`, where it starts (a relay that found nothing has no reason to hurry). Pure, so its
+/// schedule is unit-tested.
 #[derive(Clone, Debug)]
 pub struct AdaptivePoll {
     min: Duration,
@@ -84,7 +88,7 @@ impl AdaptivePoll {
         AdaptivePoll {
             min,
             max,
-            next: min,
+            next: max,
         }
     }
 
@@ -101,10 +105,15 @@ impl AdaptivePoll {
     }
 }
 
-/// How the relay learns there may be work.
-enum Wakeup {
-    Notify(PgListener),
-    Poll(AdaptivePoll),
+/// The next notification (all buffered ones drained), or never without a listener. `None`:
+/// the listener reconnected and notifications may have been lost.
+async fn notified(listener: &mut Option<PgListener>) -> Result<Option<()>, sqlx::Error> {
+    let Some(listener) = listener else {
+        return std::future::pending().await;
+    };
+    let note = listener.try_recv().await?;
+    while listener.next_buffered().is_some() {}
+    Ok(note.map(drop))
 }
 
 /// The relay process.
@@ -164,13 +173,18 @@ impl Relay {
         let conn = broker::connect(&s.amqp, &s.name).await?;
         broker::declare_topology(&conn.create_channel().await?, &s.topology).await?;
         let channel = broker::confirm_channel(&conn).await?;
-        let mut wakeup = match &self.db {
+        // PostgreSQL: notifications wake an idle relay at once. Both engines: after activity,
+        // lock-free probes every `poll_min`, doubling up to the engine's ceiling.
+        let (mut listener, mut poll) = match &self.db {
             Database::Postgres(pool) => {
                 let mut listener = PgListener::connect_with(pool).await?;
                 listener.listen(outbox::NOTIFY_CHANNEL).await?;
-                Wakeup::Notify(listener)
+                (
+                    Some(listener),
+                    AdaptivePoll::new(s.poll_min, s.poll_interval),
+                )
             }
-            Database::MySql(_) => Wakeup::Poll(AdaptivePoll::new(s.poll_min, s.poll_max)),
+            Database::MySql(_) => (None, AdaptivePoll::new(s.poll_min, s.poll_max)),
         };
         *backoff = broker::reconnect_backoff();
         tracing::info!(exchange = %s.topology.exchange, "relaying");
@@ -185,37 +199,35 @@ impl Relay {
                     break;
                 }
             }
-            match &mut wakeup {
-                Wakeup::Notify(listener) => tokio::select! {
+            if claimed > 0 {
+                poll.busy();
+            }
+            // Wait for a notification, an in-process wake or a probe that finds work.
+            loop {
+                tokio::select! {
                     biased;
                     _ = shutdown.cancelled() => break 'relay,
-                    note = listener.try_recv() => match note? {
-                        Some(_) => while listener.next_buffered().is_some() {},
-                        None => tracing::warn!("notification listener reconnected; rescanning the outbox"),
-                    },
-                    _ = self.wake.notified() => {}
-                    _ = tokio::time::sleep(s.poll_interval) => {}
-                    _ = retention.tick() => self.apply_retention().await,
-                },
-                Wakeup::Poll(poll) => {
-                    if claimed > 0 {
+                    note = notified(&mut listener) => {
+                        if note?.is_none() {
+                            tracing::warn!("notification listener reconnected; rescanning the outbox");
+                        }
                         poll.busy();
+                        break;
                     }
-                    // Probe (one lock-free query) until there is work, backing off while idle.
-                    loop {
-                        tokio::select! {
-                            biased;
-                            _ = shutdown.cancelled() => break 'relay,
-                            _ = self.wake.notified() => break,
-                            _ = tokio::time::sleep(poll.idle()) => {}
-                            _ = retention.tick() => self.apply_retention().await,
-                        }
-                        self.stats.probes.fetch_add(1, Ordering::Relaxed);
-                        if self.db.outbox_has_work().await? {
-                            poll.busy();
-                            break;
-                        }
+                    _ = self.wake.notified() => {
+                        poll.busy();
+                        break;
                     }
+                    _ = tokio::time::sleep(poll.idle()) => {}
+                    _ = retention.tick() => {
+                        self.apply_retention().await;
+                        continue;
+                    }
+                }
+                self.stats.probes.fetch_add(1, Ordering::Relaxed);
+                if self.db.outbox_has_work().await? {
+                    poll.busy();
+                    break;
                 }
             }
         }
@@ -355,6 +367,8 @@ mod tests {
     fn adaptive_poll_backs_off_while_idle_and_snaps_back_when_busy() {
         let ms = Duration::from_millis;
         let mut poll = AdaptivePoll::new(ms(10), ms(1000));
+        assert_eq!(poll.idle(), ms(1000), "idle from the start");
+        poll.busy();
         let waits: Vec<_> = (0..9).map(|_| poll.idle()).collect();
         assert_eq!(
             waits,

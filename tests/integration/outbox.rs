@@ -299,13 +299,15 @@ async fn published_rows_past_retention_are_deleted_in_batches_and_others_kept() 
             .await,
         1
     );
-    assert_eq!(
-        relay
+    // The counter moves after the statement commits, so await it too.
+    eventually("the relay counted every deleted row", || async {
+        let deleted = relay
             .stats
             .deleted
-            .load(std::sync::atomic::Ordering::Relaxed),
-        total as u64
-    );
+            .load(std::sync::atomic::Ordering::Relaxed);
+        (deleted == total as u64).then_some(())
+    })
+    .await;
     relay.stop().await;
 }
 
