@@ -24,12 +24,12 @@ pub struct RelayOptions {
     /// Outbox rows claimed, published and marked per batch.
     #[arg(long, env = "MAILROOM_RELAY_BATCH", default_value_t = 500)]
     pub relay_batch: i64,
-    /// Scan the outbox this often even without a notification (covers notifications lost while
-    /// the listener reconnects); LISTEN/NOTIFY wakes the relay at once otherwise.
+    /// PostgreSQL: the longest wait between probes of an idle outbox (covers notifications lost
+    /// while the listener reconnects); LISTEN/NOTIFY wakes an idle relay at once.
     #[arg(long, env = "MAILROOM_RELAY_POLL", default_value = "5s", value_parser = config::parse_duration)]
     pub relay_poll: Duration,
-    /// MySQL/MariaDB (no notifications): the wait between polls of the outbox while rows keep
-    /// coming; it doubles while the outbox is idle, up to --relay-poll-max.
+    /// The wait between lock-free probes of the outbox while rows keep coming; it doubles while
+    /// none do, up to --relay-poll (PostgreSQL) or --relay-poll-max (MySQL/MariaDB).
     #[arg(long, env = "MAILROOM_RELAY_POLL_MIN", default_value = "10ms", value_parser = config::parse_duration)]
     pub relay_poll_min: Duration,
     /// MySQL/MariaDB: the longest wait between polls of an idle outbox, i.e. the most latency
