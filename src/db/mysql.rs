@@ -158,27 +158,11 @@ pub(super) async fn notification(
     job_id: &str,
     kind: &str,
 ) -> Result<Option<Notification>, sqlx::Error> {
-    let Some(row) = sqlx::query(NOTIFICATION)
+    sqlx::query_as(NOTIFICATION)
         .bind(job_id)
         .bind(kind)
         .fetch_optional(pool)
-        .await?
-    else {
-        return Ok(None);
-    };
-    Ok(Some(Notification {
-        job_id: row.try_get("job_id")?,
-        kind: row.try_get("kind")?,
-        status: parse_status(row.try_get("status")?)?,
-        attempts: row.try_get("attempts")?,
-        message_id: row.try_get("message_id")?,
-        smtp_reply: row.try_get("smtp_reply")?,
-        last_error: row.try_get("last_error")?,
-        created_at: row.try_get("created_at")?,
-        updated_at: row.try_get("updated_at")?,
-        sent_at: row.try_get("sent_at")?,
-        template_revision: row.try_get("template_revision")?,
-    }))
+        .await
 }
 
 fn parse_status(text: String) -> Result<Status, sqlx::Error> {
@@ -222,18 +206,10 @@ pub(super) async fn claim_outbox_batch(
     tx: &mut MySqlConnection,
     limit: i64,
 ) -> Result<Vec<PendingRow>, sqlx::Error> {
-    let rows = sqlx::query(CLAIM_BATCH).bind(limit).fetch_all(tx).await?;
-    rows.into_iter()
-        .map(|r| {
-            Ok(PendingRow {
-                id: r.try_get("id")?,
-                job_id: r.try_get("job_id")?,
-                kind: r.try_get("kind")?,
-                payload: r.try_get("payload")?,
-                publish_attempts: r.try_get("publish_attempts")?,
-            })
-        })
-        .collect()
+    sqlx::query_as(CLAIM_BATCH)
+        .bind(limit)
+        .fetch_all(tx)
+        .await
 }
 
 pub(super) async fn outbox_has_work(pool: &MySqlPool) -> Result<bool, sqlx::Error> {

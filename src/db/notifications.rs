@@ -51,6 +51,14 @@ impl Status {
     }
 }
 
+impl TryFrom<String> for Status {
+    type Error = String;
+
+    fn try_from(text: String) -> Result<Status, String> {
+        Status::parse(&text).ok_or_else(|| format!("unknown status {text:?}"))
+    }
+}
+
 impl std::fmt::Display for Status {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.as_str())
@@ -127,10 +135,11 @@ pub fn judge_refusal(existing: Option<&ExistingClaim>) -> Refusal {
 }
 
 /// One row, as `status` and the tests read it.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, sqlx::FromRow)]
 pub struct Notification {
     pub job_id: String,
     pub kind: String,
+    #[sqlx(try_from = "String")]
     pub status: Status,
     pub attempts: i32,
     pub message_id: String,

@@ -71,25 +71,17 @@ impl OutboxWriter for MySqlConnection {
     }
 }
 
-impl OutboxWriter for Transaction<'_, Postgres> {
+impl<DB: sqlx::Database> OutboxWriter for Transaction<'_, DB>
+where
+    DB::Connection: OutboxWriter,
+{
     fn insert_outbox_row<'a>(
         &'a mut self,
         job_id: &'a str,
         kind: &'a str,
         payload: String,
     ) -> impl Future<Output = Result<Option<i64>, sqlx::Error>> + Send + 'a {
-        postgres::insert_outbox_row(self, job_id, kind, payload)
-    }
-}
-
-impl OutboxWriter for Transaction<'_, MySql> {
-    fn insert_outbox_row<'a>(
-        &'a mut self,
-        job_id: &'a str,
-        kind: &'a str,
-        payload: String,
-    ) -> impl Future<Output = Result<Option<i64>, sqlx::Error>> + Send + 'a {
-        mysql::insert_outbox_row(self, job_id, kind, payload)
+        (**self).insert_outbox_row(job_id, kind, payload)
     }
 }
 
@@ -121,7 +113,7 @@ pub async fn enqueue<C: OutboxWriter + ?Sized>(
 }
 
 /// An outbox row claimed by a relay.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, sqlx::FromRow)]
 pub struct PendingRow {
     pub id: i64,
     pub job_id: String,
