@@ -206,10 +206,7 @@ pub(super) async fn claim_outbox_batch(
     tx: &mut MySqlConnection,
     limit: i64,
 ) -> Result<Vec<PendingRow>, sqlx::Error> {
-    sqlx::query_as(CLAIM_BATCH)
-        .bind(limit)
-        .fetch_all(tx)
-        .await
+    sqlx::query_as(CLAIM_BATCH).bind(limit).fetch_all(tx).await
 }
 
 pub(super) async fn outbox_has_work(pool: &MySqlPool) -> Result<bool, sqlx::Error> {

@@ -152,10 +152,7 @@ pub(super) async fn claim_outbox_batch(
     tx: &mut PgConnection,
     limit: i64,
 ) -> Result<Vec<PendingRow>, sqlx::Error> {
-    sqlx::query_as(CLAIM_BATCH)
-        .bind(limit)
-        .fetch_all(tx)
-        .await
+    sqlx::query_as(CLAIM_BATCH).bind(limit).fetch_all(tx).await
 }
 
 pub(super) async fn outbox_has_work(pool: &PgPool) -> Result<bool, sqlx::Error> {

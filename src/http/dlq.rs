@@ -73,15 +73,20 @@ impl SelectionBody {
     }
 }
 
-/// The body as JSON whatever its Content-Type (`curl -d` sends a form type), as `/v1/emails`.
-fn parse(body: &[u8]) -> Result<SelectionBody, Box<Response>> {
-    serde_json::from_slice(body).map_err(|e| {
+/// The body as JSON whatever its Content-Type (`curl -d` sends a form type), as `/v1/emails`,
+/// and the one selection it names.
+fn parse(body: &[u8]) -> Result<(SelectionBody, Selection), Box<Response>> {
+    let body: SelectionBody = serde_json::from_slice(body).map_err(|e| {
         Box::new(error(
             StatusCode::BAD_REQUEST,
             None,
             &format!("body is not a selection: {e}"),
         ))
-    })
+    })?;
+    let selection = body
+        .selection()
+        .map_err(|why| Box::new(error(StatusCode::BAD_REQUEST, None, why)))?;
+    Ok((body, selection))
 }
 
 async fn connect(state: &ApiState) -> anyhow::Result<DeadLetters> {
@@ -142,13 +147,9 @@ pub(super) async fn show(
 }
 
 pub(super) async fn replay(State(state): State<Arc<ApiState>>, body: Bytes) -> Response {
-    let body = match parse(&body) {
-        Ok(b) => b,
+    let (body, selection) = match parse(&body) {
+        Ok(parsed) => parsed,
         Err(r) => return *r,
-    };
-    let selection = match body.selection() {
-        Ok(s) => s,
-        Err(why) => return error(StatusCode::BAD_REQUEST, None, why),
     };
     let templates = match (&state.templates, body.dry_run) {
         (None, true) => {
@@ -176,13 +177,9 @@ pub(super) async fn replay(State(state): State<Arc<ApiState>>, body: Bytes) -> R
 }
 
 pub(super) async fn purge(State(state): State<Arc<ApiState>>, body: Bytes) -> Response {
-    let body = match parse(&body) {
-        Ok(b) => b,
+    let (body, selection) = match parse(&body) {
+        Ok(parsed) => parsed,
         Err(r) => return *r,
-    };
-    let selection = match body.selection() {
-        Ok(s) => s,
-        Err(why) => return error(StatusCode::BAD_REQUEST, None, why),
     };
     if body.dry_run {
         return error(
