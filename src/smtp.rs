@@ -16,6 +16,7 @@ use std::time::Duration;
 
 use lettre::{
     AsyncFileTransport, AsyncTransport, Message, Tokio1Executor,
+    address::Envelope,
     message::{
         Mailbox, MultiPart, SinglePart,
         header::{HeaderName, HeaderValue},
@@ -125,13 +126,19 @@ impl Mailer {
         message_id(job_id, kind, &self.message_id_domain)
     }
 
-    /// Builds the MIME message: text and HTML alternatives, the job's headers.
-    pub fn build(&self, job: &ValidJob, email: &RenderedEmail) -> Result<Message, BuildError> {
-        build_message(&self.from, &self.message_id_domain, job, email)
+    /// Builds the MIME message (text and HTML alternatives, the job's headers) and formats it,
+    /// once, for the size check and the wire.
+    pub fn build(&self, job: &ValidJob, email: &RenderedEmail) -> Result<Outgoing, BuildError> {
+        Outgoing::format(&build_message(
+            &self.from,
+            &self.message_id_domain,
+            job,
+            email,
+        )?)
     }
 
     /// Sends one message; the `Ok` text is the server's reply, kept in the ledger.
-    pub async fn send(&self, message: &Message) -> Result<String, SendError> {
+    pub async fn send(&self, message: &Outgoing) -> Result<String, SendError> {
         let _permit = self
             .permits
             .acquire()
@@ -142,8 +149,7 @@ impl Mailer {
         match &self.transport {
             Transport::Smtp(pool) => {
                 let phase = PhaseCell::default();
-                let bytes = message.formatted();
-                let sending = pool.send(message.envelope(), &bytes, &phase);
+                let sending = pool.send(&message.envelope, &message.bytes, &phase);
                 let failure = match tokio::time::timeout(self.timeout, sending).await {
                     Ok(Ok(reply)) => {
                         let text: Vec<&str> = reply.message().collect();
@@ -155,7 +161,7 @@ impl Mailer {
                 Err(classify(phase.get(), &failure))
             }
             Transport::File(t) => {
-                let writing = t.send(message.clone());
+                let writing = t.send_raw(&message.envelope, &message.bytes);
                 match tokio::time::timeout(self.timeout, writing).await {
                     Ok(Ok(id)) => Ok(format!("written {id}.eml")),
                     Ok(Err(e)) => Err(SendError::Transient {
@@ -175,6 +181,30 @@ impl Mailer {
             Transport::Smtp(pool) => pool.idle_count(),
             Transport::File(_) => 0,
         }
+    }
+}
+
+/// A message ready for the wire: its envelope and its bytes, formatted once.
+#[derive(Clone, Debug)]
+pub struct Outgoing {
+    pub envelope: Envelope,
+    pub bytes: Vec<u8>,
+}
+
+impl Outgoing {
+    /// Formats `message`, refusing one larger than [`MAX_MESSAGE_BYTES`].
+    pub fn format(message: &Message) -> Result<Outgoing, BuildError> {
+        let bytes = message.formatted();
+        if bytes.len() > MAX_MESSAGE_BYTES {
+            return Err(BuildError::TooLarge {
+                size: bytes.len(),
+                max: MAX_MESSAGE_BYTES,
+            });
+        }
+        Ok(Outgoing {
+            envelope: message.envelope().clone(),
+            bytes,
+        })
     }
 }
 
@@ -214,21 +244,13 @@ pub fn build_message(
         })?;
         b = b.raw_header(HeaderValue::new(header, value.clone()));
     }
-    let message = match &email.text {
+    Ok(match &email.text {
         Some(text) => b.multipart(MultiPart::alternative_plain_html(
             text.clone(),
             email.html.clone(),
         ))?,
         None => b.singlepart(SinglePart::html(email.html.clone()))?,
-    };
-    let size = message.formatted().len();
-    if size > MAX_MESSAGE_BYTES {
-        return Err(BuildError::TooLarge {
-            size,
-            max: MAX_MESSAGE_BYTES,
-        });
-    }
-    Ok(message)
+    })
 }
 
 /// `<job_id.kind@domain>`, with every byte outside `[A-Za-z0-9_-]` written as `=XX` so any job

@@ -336,7 +336,7 @@ async fn database_in(
 }
 
 /// The email the worker sends for a bench job, built by mailroom's own templates and `Mailer`.
-pub fn bench_mailer(sink: &SmtpSink) -> anyhow::Result<(Mailer, lettre::Message, usize)> {
+pub fn bench_mailer(sink: &SmtpSink) -> anyhow::Result<(Mailer, mailroom::smtp::Outgoing, usize)> {
     let templates = Path::new(env!("CARGO_MANIFEST_DIR")).join("templates");
     let templates = Templates::load(&templates).context("loading templates/")?;
     let (_, body) = workload::job("rawsmtp", 0, chrono::Utc::now());
@@ -350,7 +350,7 @@ pub fn bench_mailer(sink: &SmtpSink) -> anyhow::Result<(Mailer, lettre::Message,
         max_connections: WORKER_SMTP_CONNECTIONS,
     })?;
     let message = mailer.build(&job, &rendered)?;
-    let bytes = message.formatted().len();
+    let bytes = message.bytes.len();
     Ok((mailer, message, bytes))
 }
 
@@ -438,12 +438,12 @@ async fn nodelay_connection(
 /// (messages/s with as many connections as the worker's pool, one-at-a-time latency).
 async fn smtp_nodelay(
     sink: &SmtpSink,
-    message: &lettre::Message,
+    message: &mailroom::smtp::Outgoing,
     n: usize,
     floor_n: usize,
 ) -> anyhow::Result<(f64, Lat)> {
-    let envelope = message.envelope().clone();
-    let bytes = Arc::new(message.formatted());
+    let envelope = message.envelope.clone();
+    let bytes = Arc::new(message.bytes.clone());
     let mut conn = nodelay_connection(sink).await?;
     let mut floor = Recorder::default();
     for _ in 0..floor_n {

@@ -164,13 +164,14 @@ fn mailer(port: u16, timeout: Duration, max_connections: u32) -> Mailer {
     .unwrap()
 }
 
-fn message() -> Message {
-    Message::builder()
+fn message() -> Outgoing {
+    let message = Message::builder()
         .from("Shop <noreply@shop.example>".parse().unwrap())
         .to("Ada <ada@example.com>".parse().unwrap())
         .subject("hello")
         .body(String::from("Hello Ada.\r\n.\r\nA dot line above."))
-        .unwrap()
+        .unwrap();
+    Outgoing::format(&message).unwrap()
 }
 
 async fn outcome(script: Script) -> Result<String, SendError> {
@@ -320,7 +321,7 @@ async fn a_break_while_the_body_is_written_is_transient() {
     let pool = pool::Pool::new(
         Endpoint::parse(&format!("smtp://127.0.0.1:{}", s.port).parse().unwrap()).unwrap(),
     );
-    let envelope = message().envelope().clone();
+    let envelope = message().envelope;
     // Far more than the socket buffers hold: the writes fail before the dot is reached.
     let body = vec![b'x'; 32 * 1024 * 1024];
     let phase = PhaseCell::default();
