@@ -71,6 +71,16 @@ where
     }
 }
 
+/// A loopback port nothing listens on (free when this returns; a test may start a server on it
+/// later, to play a server that is down and comes back).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
 /// One accepted email, as the SMTP server recorded it.
 #[derive(Debug, Clone, serde::Deserialize)]
 pub struct Received {
@@ -430,6 +440,40 @@ impl TestApp {
             .await
             .unwrap();
         q.message_count()
+    }
+}
+
+impl TestApp {
+    /// After the workers of a test stopped: whatever is still ready in the work queue must be a
+    /// copy of a job already settled (a redelivery, or one of the copies that retry tiers can
+    /// multiply while a claim is busy). A fresh worker drains the queue until it is empty, and
+    /// may not send anything new.
+    pub async fn drain_duplicates(&self) {
+        if self.ready_messages().await == 0 {
+            return;
+        }
+        let before = self.smtp.received().len();
+        let worker = self.start_worker(&[]);
+        eventually("leftover copies drained", || async {
+            // Empty twice in a row, a tier's delay apart: nothing is still coming back.
+            if self.ready_messages().await > 0 {
+                return None;
+            }
+            tokio::time::sleep(Duration::from_millis(1500)).await;
+            (self.ready_messages().await == 0).then_some(())
+        })
+        .await;
+        let snap = worker.stats.snapshot();
+        worker.stop().await;
+        eprintln!(
+            "drained {} leftover copies ({} duplicates)",
+            snap.received, snap.duplicates
+        );
+        assert_eq!(
+            self.smtp.received().len(),
+            before,
+            "a leftover copy was sent again"
+        );
     }
 }
 

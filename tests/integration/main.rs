@@ -15,4 +15,5 @@ mod failures;
 mod http;
 mod lifecycle;
 mod outbox;
+mod smtp_faults;
 mod templates;
