@@ -19,6 +19,8 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command as Process};
 use tokio_util::sync::CancellationToken;
 
+pub use crate::fault_proxy::{Fault, FaultProxy};
+
 /// How long any awaited condition may take before the test fails.
 pub const PATIENCE: Duration = Duration::from_secs(60);
 /// Retry tiers short enough for tests.

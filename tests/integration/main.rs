@@ -6,6 +6,7 @@
 //! Start the services with `scripts/services` (or run everything with `scripts/test`).
 //! `TEST_LOG=1` shows the logs of the workers under test.
 
+mod fault_proxy;
 mod helpers;
 
 mod crash;
@@ -15,5 +16,6 @@ mod failures;
 mod http;
 mod lifecycle;
 mod outbox;
+mod proxy_faults;
 mod smtp_faults;
 mod templates;
