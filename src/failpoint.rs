@@ -3,7 +3,9 @@
 //! `pause` parks the task forever so a test can SIGKILL the process at exactly that point.
 //! Unset in production, a failpoint costs one lookup in an empty map.
 //!
-//! Points: `worker.after_claim`, `worker.after_smtp_ok`, `worker.after_record`.
+//! Points: `worker.after_claim`, `worker.after_smtp_ok`, `worker.after_record`,
+//! `worker.before_ack` (every ack: the outcome is recorded or published, the ack not sent),
+//! `relay.after_confirm`.
 
 use std::collections::HashMap;
 use std::sync::OnceLock;
