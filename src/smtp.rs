@@ -122,6 +122,18 @@ impl Mailer {
         build_message(&self.from, &self.message_id_domain, job, email)
     }
 
+    /// Whether the SMTP server answers (connect, greeting, NOOP) within the send timeout; the
+    /// worker's circuit breaker probes with it during an outage.
+    pub async fn probe(&self) -> bool {
+        match &self.transport {
+            Transport::Smtp(t) => matches!(
+                tokio::time::timeout(self.timeout, t.test_connection()).await,
+                Ok(Ok(true))
+            ),
+            Transport::File(_) => true,
+        }
+    }
+
     /// Sends one message; the `Ok` text is the server's reply, kept in the ledger.
     pub async fn send(&self, message: &Message) -> Result<String, SendError> {
         let _permit = self

@@ -166,7 +166,9 @@ impl Worker {
                     .await;
             }
         };
-        match self.mailer.send(&message).await {
+        let sent = self.mailer.send(&message).await;
+        self.breaker.record(&sent);
+        match sent {
             Ok(reply) => {
                 failpoint::hit("worker.after_smtp_ok").await;
                 self.record_sent(job, token, &reply).await

@@ -428,17 +428,22 @@ impl TestApp {
     /// refreshed counts of `rabbitmqctl list_queues`). Once every consumer is gone, unacked
     /// deliveries are back among the ready ones, so 0 means every delivery was settled.
     pub async fn ready_messages(&self) -> u32 {
+        self.queue_length(&self.topology.queue).await
+    }
+
+    /// Messages in the dead-letter queue (left there).
+    pub async fn dead_count(&self) -> u32 {
+        self.queue_length(&self.topology.dead).await
+    }
+
+    async fn queue_length(&self, queue: &str) -> u32 {
         let ch = self.conn.create_channel().await.unwrap();
         let opts = QueueDeclareOptions {
             passive: true,
             ..Default::default()
         };
         let q = ch
-            .queue_declare(
-                self.topology.queue.as_str().into(),
-                opts,
-                Default::default(),
-            )
+            .queue_declare(queue.into(), opts, Default::default())
             .await
             .unwrap();
         q.message_count()

@@ -295,3 +295,44 @@ async fn a_server_refusing_sessions_over_its_cap_still_gets_every_job_once() {
         );
     }
 }
+
+#[tokio::test]
+async fn a_long_smtp_outage_under_load_pauses_the_worker_and_dead_letters_nothing() {
+    // 200 jobs queued, the SMTP server down for far longer than the retry tiers and attempts
+    // would last (200ms..1s, 8 attempts): without the circuit breaker the backlog would be
+    // exhausted into the dead-letter queue within seconds.
+    let app = TestApp::spawn().await;
+    let port = free_port();
+    let url = format!("smtp://127.0.0.1:{port}");
+    let n = 200;
+    for i in 0..n {
+        app.publish(&app.job(&format!("outage-{i}"))).await;
+    }
+    let worker = app.start_worker(&["--smtp-url", &url]);
+    worker.stats.wait_until(|s| s.retried >= 5).await;
+    tokio::time::sleep(std::time::Duration::from_secs(12)).await;
+    let during = worker.stats.snapshot();
+    assert_eq!(
+        during.dead_lettered, 0,
+        "nothing dead-lettered during the outage"
+    );
+    assert!(
+        during.received < 60,
+        "the worker stopped taking deliveries: {during:?}"
+    );
+
+    let dir = tempfile::tempdir().unwrap();
+    let server = SmtpServer::start(dir.path(), &["--port", &port.to_string()]).await;
+    server
+        .wait_for_within(n, std::time::Duration::from_secs(120))
+        .await;
+    worker.stats.wait_until(|s| s.sent == n as u64).await;
+    worker.stop().await;
+    assert_eq!(app.count_status("sent").await, n as i64);
+    assert_eq!(app.dead_count().await, 0, "none dead-lettered");
+    for i in 0..n {
+        let mid = app.message_id(&format!("outage-{i}"), "welcome");
+        assert_eq!(server.count(&mid), 1, "outage-{i}");
+    }
+    assert_eq!(server.received().len(), n);
+}
