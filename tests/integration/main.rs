@@ -16,6 +16,7 @@ mod failures;
 mod http;
 mod lifecycle;
 mod outbox;
+mod poison;
 mod proxy_faults;
 mod smtp_faults;
 mod templates;
