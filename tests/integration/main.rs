@@ -13,6 +13,7 @@ mod crash;
 mod delivery;
 mod dlq;
 mod failures;
+mod hostile;
 mod http;
 mod lifecycle;
 mod outbox;
