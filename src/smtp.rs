@@ -227,9 +227,14 @@ pub fn build_message(
 /// Sorts a lettre error by what it says about delivery. A reply code means the server refused
 /// (4xx transient, 5xx permanent). A failure to connect happened before any mail command.
 /// A broken connection or malformed reply may have come after the final dot: uncertain.
+///
+/// 503 (bad sequence of commands) is the exception among 5xx: it says the session was out of
+/// step, not that the message was refused (seen when a send timed out mid-session and the
+/// server then read the rest of it), so it is retried.
 pub fn classify(e: &lettre::transport::smtp::Error) -> SendError {
     let reason = e.to_string();
-    if e.is_transient() {
+    let out_of_sequence = e.status().is_some_and(|code| code.to_string() == "503");
+    if e.is_transient() || out_of_sequence {
         SendError::Transient { reason }
     } else if e.is_permanent() || e.is_client() {
         SendError::Permanent { reason }

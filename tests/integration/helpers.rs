@@ -452,9 +452,9 @@ impl TestApp {
 
 impl TestApp {
     /// After the workers of a test stopped: whatever is still ready in the work queue must be a
-    /// copy of a job already settled (a redelivery, or one of the copies that retry tiers can
-    /// multiply while a claim is busy). A fresh worker drains the queue until it is empty, and
-    /// may not send anything new.
+    /// copy of a job already settled (a redelivery after a crash, or a retry copy still on its
+    /// way back from a tier). A fresh worker drains the queue until it is empty, and may not
+    /// send anything new.
     pub async fn drain_duplicates(&self) {
         if self.ready_messages().await == 0 {
             return;
