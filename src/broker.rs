@@ -174,7 +174,22 @@ pub async fn declare_topology(ch: &Channel, t: &Topology) -> anyhow::Result<()> 
             ("x-overflow", text("reject-publish")),
         ]);
         declare_queue(ch, &queue, queue_opts, args).await?;
-        let matcher = table(&[("x-match", text("all")), (DELAY_HEADER, text(&label))]);
+        // `all` ignores headers starting with `x-`, so a binding on `x-mailroom-delay` alone
+        // matched every message and each retry went to every tier (one copy per tier).
+        // `all-with-x` (RabbitMQ 3.10+) compares them; the old binding is removed.
+        let legacy = table(&[("x-match", text("all")), (DELAY_HEADER, text(&label))]);
+        ch.queue_unbind(
+            queue.as_str().into(),
+            t.retry_exchange.as_str().into(),
+            "".into(),
+            legacy,
+        )
+        .await
+        .map_err(|e| anyhow::anyhow!("unbinding the legacy matcher of {queue}: {e}"))?;
+        let matcher = table(&[
+            ("x-match", text("all-with-x")),
+            (DELAY_HEADER, text(&label)),
+        ]);
         bind(ch, &queue, &t.retry_exchange, "", matcher).await?;
     }
     Ok(())

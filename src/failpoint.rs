@@ -2,8 +2,12 @@
 //! `abort` kills the process on the spot (a real crash: no destructors, no acks, no commits);
 //! `pause` parks the task forever so a test can SIGKILL the process at exactly that point.
 //! Unset in production, a failpoint costs one lookup in an empty map.
+//! `name@JOB_ID=action` arms a point for one job only (a poison job), e.g.
+//! `worker.after_claim@order-7=abort`; the worker's points take the job id.
 //!
-//! Points: `worker.after_claim`, `worker.after_smtp_ok`, `worker.after_record`.
+//! Points: `worker.before_claim` (decoded, nothing claimed yet), `worker.after_claim`, `worker.after_smtp_ok`, `worker.after_record`,
+//! `worker.before_ack` (every ack: the outcome is recorded or published, the ack not sent),
+//! `relay.after_confirm`.
 
 use std::collections::HashMap;
 use std::sync::OnceLock;
@@ -54,6 +58,20 @@ pub async fn hit(name: &str) {
     }
 }
 
+/// Runs the action armed for `name`, or for `name@job_id`.
+pub async fn hit_job(name: &str, job_id: &str) {
+    let armed = armed();
+    if armed.is_empty() {
+        return;
+    }
+    let keyed = format!("{name}@{job_id}");
+    if armed.contains_key(&keyed) {
+        hit(&keyed).await;
+    } else {
+        hit(name).await;
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -64,5 +82,15 @@ mod tests {
         assert_eq!(armed.get("worker.after_claim"), Some(&Action::Abort));
         assert_eq!(armed.get("worker.after_record"), Some(&Action::Pause));
         assert_eq!(armed.len(), 2);
+    }
+
+    #[test]
+    fn parses_points_keyed_on_a_job() {
+        let armed = parse("worker.after_claim@order-7=abort");
+        assert_eq!(
+            armed.get("worker.after_claim@order-7"),
+            Some(&Action::Abort)
+        );
+        assert_eq!(armed.get("worker.after_claim"), None);
     }
 }

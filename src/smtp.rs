@@ -42,6 +42,9 @@ pub enum SendError {
     /// Not accepted, may succeed later: 4xx replies, and any failure before the final dot of
     /// DATA was sent (refused connections, TLS handshakes, timeouts, dropped connections).
     Transient { reason: String },
+    /// Not accepted, and the server never answered: no connection, no TLS, no greeting in time.
+    /// Retried like `Transient`; the worker's circuit breaker counts these.
+    Unreachable { reason: String },
     /// Not accepted, never will be: 5xx replies, a message the client cannot send.
     Permanent { reason: String },
     /// Maybe accepted: the connection broke or timed out after the final dot was sent, before
@@ -53,6 +56,7 @@ impl std::fmt::Display for SendError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             SendError::Transient { reason } => write!(f, "transient SMTP failure: {reason}"),
+            SendError::Unreachable { reason } => write!(f, "SMTP server unreachable: {reason}"),
             SendError::Permanent { reason } => write!(f, "permanent SMTP failure: {reason}"),
             SendError::Uncertain { reason } => write!(f, "SMTP outcome unknown: {reason}"),
         }
@@ -135,6 +139,19 @@ impl Mailer {
             job,
             email,
         )?)
+    }
+
+    /// Whether the SMTP server answers (connect, TLS, greeting, EHLO, AUTH) within the send
+    /// timeout; the worker's circuit breaker probes with it during an outage. The connection
+    /// joins the pool for the next send.
+    pub async fn probe(&self) -> bool {
+        match &self.transport {
+            Transport::Smtp(pool) => matches!(
+                tokio::time::timeout(self.timeout, pool.probe()).await,
+                Ok(Ok(()))
+            ),
+            Transport::File(_) => true,
+        }
     }
 
     /// Sends one message; the `Ok` text is the server's reply, kept in the ledger.

@@ -4,9 +4,13 @@
 //! connection, a closed channel or a consumer cancelled by the broker all lead to a reconnect
 //! with capped exponential backoff, never to an idle process.
 //!
+//! When the SMTP server is unreachable, a circuit breaker (`breaker`) pauses consumption and
+//! probes until it answers, so an outage does not dead-letter the backlog.
+//!
 //! Shutdown (SIGTERM/SIGINT): stop taking deliveries, let those in flight finish within the
 //! grace period and settle on the still-open channel, then close channel and connection.
 
+mod breaker;
 mod process;
 mod settle;
 pub mod stats;
@@ -58,6 +62,7 @@ pub struct Worker {
     templates: Arc<LiveTemplates>,
     mailer: Mailer,
     stats: Arc<Stats>,
+    breaker: breaker::Breaker,
 }
 
 impl Worker {
@@ -73,6 +78,7 @@ impl Worker {
             templates,
             mailer,
             stats: Arc::new(Stats::default()),
+            breaker: breaker::Breaker::default(),
         }
     }
 
@@ -154,6 +160,10 @@ impl Worker {
         *backoff = broker::reconnect_backoff();
         tracing::info!(queue = %s.topology.queue, concurrency = s.concurrency, prefetch = s.prefetch, "consuming");
         loop {
+            if self.breaker.is_open() {
+                // Deliveries stay with the broker while the SMTP server is down.
+                self.breaker.wait_until_closed(&self.mailer, shutdown).await;
+            }
             let permit = tokio::select! {
                 biased;
                 _ = shutdown.cancelled() => break,

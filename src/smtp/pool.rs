@@ -74,6 +74,13 @@ impl Pool {
         Ok(reply)
     }
 
+    /// Opens a connection (the whole handshake) and keeps it for the next send.
+    pub async fn probe(&self) -> Result<(), Failure> {
+        let conn = self.open().await?;
+        self.put_back(conn);
+        Ok(())
+    }
+
     /// Idle connections kept right now.
     pub fn idle_count(&self) -> usize {
         self.idle.lock().unwrap().len()

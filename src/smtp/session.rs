@@ -117,13 +117,20 @@ impl From<lettre::transport::smtp::Error> for Failure {
 }
 
 /// What a failure in `phase` says about delivery.
+///
+/// 503 (bad sequence of commands) is the exception among 5xx: it says the session was out of
+/// step, not that the message was refused, so it is retried. No answer at all while connecting
+/// (refused, unreachable, no greeting in time) is `Unreachable`: the server, not the job.
 pub fn classify(phase: Phase, failure: &Failure) -> SendError {
     let reason = format!("{failure} ({})", phase.describe());
+    let out_of_sequence = matches!(failure, Failure::Smtp(e)
+        if e.status().is_some_and(|code| code.to_string() == "503"));
     match failure {
-        Failure::Smtp(e) if e.is_transient() => SendError::Transient { reason },
+        Failure::Smtp(e) if e.is_transient() || out_of_sequence => SendError::Transient { reason },
         Failure::Smtp(e) if e.is_permanent() || e.is_client() => SendError::Permanent { reason },
         Failure::Refused(_) => SendError::Permanent { reason },
         _ if phase >= Phase::FinalDot => SendError::Uncertain { reason },
+        _ if phase == Phase::Connect && failure.is_no_reply() => SendError::Unreachable { reason },
         _ => SendError::Transient { reason },
     }
 }
@@ -219,6 +226,7 @@ mod tests {
     fn class(e: &SendError) -> &'static str {
         match e {
             SendError::Transient { .. } => "transient",
+            SendError::Unreachable { .. } => "unreachable",
             SendError::Permanent { .. } => "permanent",
             SendError::Uncertain { .. } => "uncertain",
         }
@@ -226,13 +234,11 @@ mod tests {
 
     #[test]
     fn a_break_is_a_safe_retry_until_the_body_is_written_and_uncertain_after() {
-        for p in [
-            Phase::Connect,
-            Phase::Mail,
-            Phase::Rcpt,
-            Phase::Data,
-            Phase::Body,
-        ] {
+        // While connecting, no answer means the server is unreachable (the breaker counts it).
+        assert_eq!(class(&classify(Phase::Connect, &io())), "unreachable");
+        let t = Failure::Timeout(Duration::from_secs(1));
+        assert_eq!(class(&classify(Phase::Connect, &t)), "unreachable");
+        for p in [Phase::Mail, Phase::Rcpt, Phase::Data, Phase::Body] {
             assert_eq!(class(&classify(p, &io())), "transient", "{p:?}");
             let t = Failure::Timeout(Duration::from_secs(1));
             assert_eq!(class(&classify(p, &t)), "transient", "{p:?}");

@@ -185,6 +185,7 @@ fn class(r: &Result<String, SendError>) -> &'static str {
     match r {
         Ok(_) => "sent",
         Err(SendError::Transient { .. }) => "transient",
+        Err(SendError::Unreachable { .. }) => "unreachable",
         Err(SendError::Permanent { .. }) => "permanent",
         Err(SendError::Uncertain { .. }) => "uncertain",
     }
@@ -291,13 +292,13 @@ async fn reply_codes_are_answers_whatever_the_phase() {
 }
 
 #[tokio::test]
-async fn a_break_before_the_final_dot_is_transient() {
+async fn no_greeting_or_no_listener_is_an_unreachable_server() {
     let silent = outcome(Script {
         greet: false,
         ..Script::default()
     })
     .await;
-    assert_eq!(class(&silent), "transient", "{silent:?}");
+    assert_eq!(class(&silent), "unreachable", "{silent:?}");
     let refused = {
         let port = std::net::TcpListener::bind("127.0.0.1:0")
             .unwrap()
@@ -308,7 +309,7 @@ async fn a_break_before_the_final_dot_is_transient() {
             .send(&message())
             .await
     };
-    assert_eq!(class(&refused), "transient", "{refused:?}");
+    assert_eq!(class(&refused), "unreachable", "{refused:?}");
 }
 
 #[tokio::test]
@@ -390,7 +391,7 @@ fn message_id_is_deterministic_and_valid() {
 }
 
 #[tokio::test]
-async fn implicit_tls_to_a_plaintext_server_is_a_transient_connect_failure() {
+async fn implicit_tls_to_a_plaintext_server_is_an_unreachable_server() {
     let s = server(Script::default()).await;
     let m = Mailer::new(&MailerSettings {
         url: format!("smtps://127.0.0.1:{}", s.port).parse().unwrap(),
@@ -401,6 +402,6 @@ async fn implicit_tls_to_a_plaintext_server_is_a_transient_connect_failure() {
     })
     .unwrap();
     let r = m.send(&message()).await;
-    assert_eq!(class(&r), "transient", "{r:?}");
+    assert_eq!(class(&r), "unreachable", "{r:?}");
     assert!(r.unwrap_err().to_string().contains("while connecting"));
 }

@@ -95,6 +95,7 @@ impl Worker {
             let reason = format!("unknown kind {:?}: no such template", job.job.kind);
             return dead(ErrorClass::Invalid, reason, 0);
         }
+        failpoint::hit_job("worker.before_claim", &job.job.job_id).await;
         let message_id = self.mailer.message_id(&job.job.job_id, &job.job.kind);
         let request = ClaimRequest {
             job_id: &job.job.job_id,
@@ -105,6 +106,7 @@ impl Worker {
             replay: broker::int_header(&delivery.properties, broker::REPLAY_HEADER)
                 .is_some_and(|n| n > 0),
         };
+        let replay = request.replay;
         let claim = match self.db.claim(&request).await {
             Ok(claim) => claim,
             Err(e) => return self.retry(Duration::ZERO, format!("database unavailable: {e}")),
@@ -112,6 +114,19 @@ impl Worker {
         match claim {
             Claim::Claimed { attempt, token } => {
                 tracing::Span::current().record("attempt", attempt);
+                if attempt > self.settings.max_attempts && !replay {
+                    // Only a claim taken over after its holder vanished gets here without a
+                    // recorded failure: a job that kills its worker every time (a poison job).
+                    // Its retries through a tier start a fresh delivery count, so the queue's
+                    // delivery limit would never stop it; the claim count does. (A replay from
+                    // the dead-letter queue is an operator's explicit extra attempt.)
+                    let reason = format!(
+                        "claimed {attempt} times without an outcome: the worker died each time (poison job?)"
+                    );
+                    return self
+                        .give_up(&job, token, attempt, ErrorClass::Exhausted, reason)
+                        .await;
+                }
                 self.send_claimed(&job, attempt, token, &templates).await
             }
             Claim::Refused(existing) => self.refused(&job, existing.as_ref()).await,
@@ -132,6 +147,13 @@ impl Worker {
             Refusal::Busy { after } => self.retry(
                 after + LEASE_MARGIN,
                 "another worker holds the claim".into(),
+            ),
+            // The claim was refused, then the row read as expired or uncertain: the lease ran
+            // out between the two statements (or another copy just recorded `uncertain`).
+            // Under `resend` that row is claimable: try again now instead of giving up.
+            Refusal::Uncertain if self.settings.on_uncertain == OnUncertain::Resend => self.retry(
+                Duration::ZERO,
+                "the claim raced with its lease expiring".into(),
             ),
             Refusal::Uncertain => {
                 let reason = "a previous attempt may have been delivered (lease expired or reply lost); MAILROOM_ON_UNCERTAIN=dead-letter".to_string();
@@ -157,7 +179,7 @@ impl Worker {
         token: Uuid,
         templates: &Templates,
     ) -> Outcome {
-        failpoint::hit("worker.after_claim").await;
+        failpoint::hit_job("worker.after_claim", &job.job.job_id).await;
         let j = &job.job;
         let rendered = match templates.render(&j.kind, j.locale.as_deref(), &j.data) {
             Ok(r) => r,
@@ -178,13 +200,14 @@ impl Worker {
         let started = Instant::now();
         let sent = self.mailer.send(&message).await;
         self.stats.smtp_latency.observe(started.elapsed());
+        self.breaker.record(&sent);
         match sent {
             Ok(reply) => {
                 if let Some(created) = j.created_at {
                     let age = (chrono::Utc::now() - created).to_std().unwrap_or_default();
                     self.stats.end_to_end.observe(age);
                 }
-                failpoint::hit("worker.after_smtp_ok").await;
+                failpoint::hit_job("worker.after_smtp_ok", &job.job.job_id).await;
                 self.record_sent(job, token, &reply, templates.revision())
                     .await
             }
@@ -192,7 +215,7 @@ impl Worker {
                 self.give_up(job, token, attempt, ErrorClass::Rejected, reason)
                     .await
             }
-            Err(SendError::Transient { reason }) => {
+            Err(SendError::Transient { reason } | SendError::Unreachable { reason }) => {
                 self.retry_or_give_up(job, token, attempt, Status::Failed, reason)
                     .await
             }

@@ -106,6 +106,8 @@ impl Worker {
     }
 
     async fn ack(&self, delivery: &Delivery) {
+        // Whatever the outcome, it is recorded (or published) by now; only the ack is missing.
+        crate::failpoint::hit("worker.before_ack").await;
         match delivery.ack(BasicAckOptions::default()).await {
             Ok(true) => {}
             Ok(false) => self.unsettled("ack not sent: the channel is closed; the broker will redeliver and the claim deduplicates"),

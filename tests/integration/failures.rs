@@ -139,3 +139,38 @@ async fn bad_input_is_dead_lettered_with_a_precise_reason_while_good_jobs_flow()
             .all(|r| !r.data.contains("evil@example.com"))
     );
 }
+
+#[tokio::test]
+async fn a_retry_lands_in_exactly_one_tier_and_comes_back_once() {
+    // A headers exchange with `x-match: all` ignores `x-` headers: the tier bindings matched
+    // every message, and each retry came back once per tier.
+    let app = TestApp::spawn().await;
+    let delay = *app.topology.retry_delays.last().unwrap();
+    let props = mailroom::broker::with_headers(
+        &mailroom::broker::job_properties("one-tier", "welcome", 1),
+        &[(
+            mailroom::broker::DELAY_HEADER,
+            mailroom::broker::text_value(&mailroom::broker::Topology::delay_label(delay)),
+        )],
+    );
+    let conn = lapin::Connection::connect(&app.amqp_url, Default::default())
+        .await
+        .unwrap();
+    let ch = mailroom::broker::confirm_channel(&conn).await.unwrap();
+    mailroom::broker::publish_confirmed(
+        &ch,
+        &app.topology.retry_exchange,
+        "welcome",
+        app.job("one-tier").to_string().as_bytes(),
+        props,
+    )
+    .await
+    .unwrap();
+    eventually("the retry back in the work queue", || async {
+        (app.ready_messages().await >= 1).then_some(())
+    })
+    .await;
+    // Longer than every tier: any extra copy would be back by now.
+    tokio::time::sleep(delay * 3).await;
+    assert_eq!(app.ready_messages().await, 1, "one copy, not one per tier");
+}

@@ -22,6 +22,8 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command as Process};
 use tokio_util::sync::CancellationToken;
 
+pub use crate::fault_proxy::{Fault, FaultProxy};
+
 /// How long any awaited condition may take before the test fails.
 pub const PATIENCE: Duration = Duration::from_secs(60);
 /// Retry tiers short enough for tests.
@@ -171,6 +173,16 @@ where
         );
         tokio::time::sleep(Duration::from_millis(25)).await;
     }
+}
+
+/// A loopback port nothing listens on (free when this returns; a test may start a server on it
+/// later, to play a server that is down and comes back).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
 }
 
 /// One accepted email, as the SMTP server recorded it.
@@ -558,20 +570,59 @@ impl TestApp {
     /// refreshed counts of `rabbitmqctl list_queues`). Once every consumer is gone, unacked
     /// deliveries are back among the ready ones, so 0 means every delivery was settled.
     pub async fn ready_messages(&self) -> u32 {
+        self.queue_length(&self.topology.queue).await
+    }
+
+    /// Messages in the dead-letter queue (left there).
+    pub async fn dead_count(&self) -> u32 {
+        self.queue_length(&self.topology.dead).await
+    }
+
+    async fn queue_length(&self, queue: &str) -> u32 {
         let ch = self.conn.create_channel().await.unwrap();
         let opts = QueueDeclareOptions {
             passive: true,
             ..Default::default()
         };
         let q = ch
-            .queue_declare(
-                self.topology.queue.as_str().into(),
-                opts,
-                Default::default(),
-            )
+            .queue_declare(queue.into(), opts, Default::default())
             .await
             .unwrap();
         q.message_count()
+    }
+}
+
+impl TestApp {
+    /// After the workers of a test stopped: whatever is still ready in the work queue must be a
+    /// copy of a job already settled (a redelivery after a crash, or a retry copy still on its
+    /// way back from a tier). A fresh worker drains the queue until it is empty, and may not
+    /// send anything new.
+    pub async fn drain_duplicates(&self) {
+        if self.ready_messages().await == 0 {
+            return;
+        }
+        let before = self.smtp.received().len();
+        let worker = self.start_worker(&[]);
+        eventually("leftover copies drained", || async {
+            // Empty twice in a row, a tier's delay apart: nothing is still coming back.
+            if self.ready_messages().await > 0 {
+                return None;
+            }
+            tokio::time::sleep(Duration::from_millis(1500)).await;
+            (self.ready_messages().await == 0).then_some(())
+        })
+        .await;
+        let snap = worker.stats.snapshot();
+        worker.stop().await;
+        eprintln!(
+            "drained {} leftover copies ({} duplicates)",
+            snap.received, snap.duplicates
+        );
+        assert_eq!(
+            self.smtp.received().len(),
+            before,
+            "a leftover copy was sent again"
+        );
     }
 }
 

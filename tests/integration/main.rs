@@ -6,6 +6,7 @@
 //! Start the services with `scripts/services` (or run everything with `scripts/test`).
 //! `TEST_LOG=1` shows the logs of the workers under test.
 
+mod fault_proxy;
 mod helpers;
 
 mod crash;
@@ -13,10 +14,14 @@ mod delivery;
 mod disruptive;
 mod dlq;
 mod failures;
+mod hostile;
 mod http;
 mod http_dlq;
 mod lifecycle;
 mod live_templates;
 mod metrics;
 mod outbox;
+mod poison;
+mod proxy_faults;
+mod smtp_faults;
 mod templates;

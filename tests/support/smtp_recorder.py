@@ -6,14 +6,26 @@ Run it with Debian's interpreter, /usr/bin/python3, which has python3-aiosmtpd (
 used: aiosmtpd.smtp.SMTP with a handler's handle_MAIL / handle_RCPT / handle_DATA.
 
     /usr/bin/python3 tests/support/smtp_recorder.py --port 0 --log received.jsonl \\
-        [--maildir DIR] [--fail STAGE:CODE[:COUNT]]... [--data-delay SECONDS]
+        [--maildir DIR] [--fail STAGE:CODE[:COUNT]]... [--data-delay SECONDS] \\
+        [--stall-greeting COUNT] [--lose-reply close|silent[:COUNT]] [--max-sessions N]
 
 Once listening it prints one line, `LISTENING <port>`, to stdout. Every ACCEPTED message is
 appended to --log as one JSON line {"mail_from", "rcpt_tos", "message_id", "data"} and fsynced
 before the client is told 250, so a reader that sees 250 finds the line. --fail RCPT:451:2
 answers the first two RCPT commands (counted over all connections) with 451; without a count,
 always. Several --fail options for one stage are used in the order given. A 421 reply also
-closes the connection, as RFC 5321 says it should.
+closes the connection, as RFC 5321 says it should. STAGE is MAIL, RCPT, DATACMD (the DATA
+command, before any content) or DATA (alias DOT: the reply to the final dot).
+
+Faults for the tests of the uncertain window and of timeouts:
+  --stall-greeting COUNT   the first COUNT connections are accepted and never greeted (the
+                           socket stays open until the client gives up).
+  --lose-reply MODE[:N]    the first N messages (all without N) are accepted and logged, then
+                           the reply to the final dot is lost: `close` drops the connection,
+                           `silent` never answers. The client cannot know it was delivered.
+  --max-sessions N         at most N sessions at once; one more is answered `421 too many
+                           sessions` and closed. The peak is printed on exit and, with -v,
+                           on every new session.
 """
 
 import argparse
@@ -28,7 +40,8 @@ import sys
 
 from aiosmtpd.smtp import SMTP
 
-STAGES = ("MAIL", "RCPT", "DATA")
+STAGES = ("MAIL", "RCPT", "DATACMD", "DATA")
+STAGE_ALIASES = {"DOT": "DATA"}
 DEFAULT_TEXT = {
     421: "4.3.2 service shutting down, closing channel",
     450: "4.2.1 mailbox busy, try again later",
@@ -45,11 +58,13 @@ MAX_MESSAGE_BYTES = 10 * 1024 * 1024
 class FailRule:
     def __init__(self, spec):
         parts = spec.split(":")
-        if len(parts) not in (2, 3) or parts[0].upper() not in STAGES:
+        if parts:
+            parts[0] = STAGE_ALIASES.get(parts[0].upper(), parts[0].upper())
+        if len(parts) not in (2, 3) or parts[0] not in STAGES:
             raise argparse.ArgumentTypeError(
                 f"--fail {spec!r}: expected STAGE:CODE[:COUNT], STAGE one of {', '.join(STAGES)}"
             )
-        self.stage = parts[0].upper()
+        self.stage = parts[0]
         try:
             self.code = int(parts[1])
             self.remaining = int(parts[2]) if len(parts) == 3 else None  # None: always
@@ -65,12 +80,35 @@ class FailRule:
         return f"{self.code} {text}"
 
 
+class LoseReply:
+    MODES = ("close", "silent")
+
+    def __init__(self, spec):
+        mode, _, count = spec.partition(":")
+        if mode not in self.MODES:
+            raise argparse.ArgumentTypeError(f"--lose-reply {spec!r}: MODE is close or silent")
+        try:
+            self.remaining = int(count) if count else None  # None: always
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"--lose-reply {spec!r}: COUNT is a number")
+        self.mode = mode
+
+    def take(self):
+        """True if this message's reply is to be lost."""
+        if self.remaining == 0:
+            return False
+        if self.remaining is not None:
+            self.remaining -= 1
+        return True
+
+
 class Recorder:
     """The aiosmtpd handler. All sessions share it; asyncio runs them on one thread."""
 
     def __init__(self, args):
         self.rules = args.fail
         self.data_delay = args.data_delay
+        self.lose_reply = args.lose_reply
         self.verbose = args.verbose
         self.log = open(args.log, "a", encoding="utf-8") if args.log else None
         self.maildir = args.maildir
@@ -146,7 +184,68 @@ class Recorder:
             self.log.flush()
             os.fsync(self.log.fileno())
         self.note(f"accepted #{self.seq} {message_id} for {envelope.rcpt_tos}")
+        if self.lose_reply and self.lose_reply.take():
+            self.note(f"losing the reply to #{self.seq} ({self.lose_reply.mode})")
+            if self.lose_reply.mode == "close":
+                server.transport.abort()
+            # Never answer; the session ends when the client gives up and closes.
+            await asyncio.Event().wait()
         return "250 2.0.0 OK: queued as %d" % self.seq
+
+
+class Session(SMTP):
+    """aiosmtpd's SMTP with the connection-level faults: session cap, stalled greeting, and a
+    failure rule for the DATA command itself (aiosmtpd has no handler hook before 354)."""
+
+    active = 0
+    peak = 0
+    stalls_left = 0
+    max_sessions = None
+
+    def connection_made(self, transport):
+        cls = Session
+        if cls.max_sessions is not None and cls.active >= cls.max_sessions:
+            transport.write(b"421 4.7.0 too many sessions, try again later\r\n")
+            transport.close()
+            self._refused = True
+            self.event_handler.note("session refused: cap reached")
+            return
+        self._refused = False
+        cls.active += 1
+        cls.peak = max(cls.peak, cls.active)
+        self.event_handler.note(f"session opened ({cls.active} active, peak {cls.peak})")
+        if cls.stalls_left > 0:
+            cls.stalls_left -= 1
+            self._stalled = transport
+            self.event_handler.note("stalling before the greeting")
+            return
+        self._stalled = None
+        super().connection_made(transport)
+
+    def connection_lost(self, exc):
+        if getattr(self, "_refused", False):
+            return
+        Session.active -= 1
+        if getattr(self, "_stalled", None) is not None:
+            return
+        super().connection_lost(exc)
+
+    def eof_received(self):
+        if getattr(self, "_refused", False) or getattr(self, "_stalled", None) is not None:
+            return False  # let the transport close
+        return super().eof_received()
+
+    def data_received(self, data):
+        if getattr(self, "_refused", False) or getattr(self, "_stalled", None) is not None:
+            return  # never greeted: ignore whatever the client sends
+        super().data_received(data)
+
+    async def smtp_DATA(self, arg):
+        reply = self.event_handler.injected(self, "DATACMD")
+        if reply:
+            await self.push(reply)
+            return
+        await super().smtp_DATA(arg)
 
 
 def parse_args(argv):
@@ -160,6 +259,12 @@ def parse_args(argv):
                    help="answer MAIL, RCPT or DATA (the final dot) with CODE, COUNT times")
     p.add_argument("--data-delay", type=float, default=0.0, metavar="SECONDS",
                    help="wait this long before answering the final dot of DATA")
+    p.add_argument("--stall-greeting", type=int, default=0, metavar="COUNT",
+                   help="accept the first COUNT connections and never greet them")
+    p.add_argument("--lose-reply", type=LoseReply, metavar="close|silent[:COUNT]",
+                   help="accept and log a message, then lose the reply to its final dot")
+    p.add_argument("--max-sessions", type=int, metavar="N",
+                   help="answer 421 and close beyond N concurrent sessions")
     p.add_argument("-v", "--verbose", action="store_true", help="one stderr line per event")
     return p.parse_args(argv)
 
@@ -167,9 +272,11 @@ def parse_args(argv):
 async def main(argv):
     args = parse_args(argv)
     handler = Recorder(args)
+    Session.stalls_left = args.stall_greeting
+    Session.max_sessions = args.max_sessions
     loop = asyncio.get_running_loop()
     server = await loop.create_server(
-        lambda: SMTP(
+        lambda: Session(
             handler,
             data_size_limit=MAX_MESSAGE_BYTES,
             enable_SMTPUTF8=True,
@@ -190,6 +297,8 @@ async def main(argv):
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
     server.close()  # open sessions are cancelled when asyncio.run() returns
+    if args.max_sessions is not None:
+        print(f"smtp_recorder: peak sessions {Session.peak}", file=sys.stderr, flush=True)
     if handler.log:
         handler.log.close()
 

@@ -1,0 +1,162 @@
+//! A TCP fault proxy for tests (a small Toxiproxy): put it between a mailroom process and a
+//! service (SMTP, RabbitMQ, PostgreSQL), then switch its [`Fault`] at runtime. The switch
+//! applies to open connections as well as new ones.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+
+/// What the proxy does with the bytes it carries.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fault {
+    /// Forwards everything.
+    Pass,
+    /// Forwards every chunk after this delay.
+    Delay(Duration),
+    /// Forwards nothing and answers nothing, keeping every socket open: a network partition
+    /// as the endpoints see it (TCP retransmits; nothing arrives). Bytes read meanwhile are
+    /// held, and forwarded once the fault is lifted, as TCP would deliver them.
+    Blackhole,
+    /// Resets every connection (RST, no FIN) and every new one at once.
+    Reset,
+}
+
+/// A running proxy; it stops when dropped.
+pub struct FaultProxy {
+    pub port: u16,
+    fault: Arc<watch::Sender<Fault>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl FaultProxy {
+    /// Listens on a free loopback port and forwards to `127.0.0.1:target_port`.
+    pub async fn start(target_port: u16) -> FaultProxy {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let fault = Arc::new(watch::Sender::new(Fault::Pass));
+        let rx = fault.subscribe();
+        let task = tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                tokio::spawn(connection(client, target_port, rx.clone()));
+            }
+        });
+        FaultProxy { port, fault, task }
+    }
+
+    /// Switches the fault, for open connections and new ones.
+    pub fn set(&self, fault: Fault) {
+        self.fault.send_replace(fault);
+    }
+
+    /// `url` with its port replaced by the proxy's.
+    pub fn url_through(&self, url: &str) -> String {
+        let mut u = url::Url::parse(url).unwrap();
+        u.set_host(Some("127.0.0.1")).unwrap();
+        u.set_port(Some(self.port)).unwrap();
+        u.to_string()
+    }
+}
+
+impl Drop for FaultProxy {
+    fn drop(&mut self) {
+        self.task.abort();
+        self.fault.send_replace(Fault::Reset);
+    }
+}
+
+async fn connection(client: TcpStream, target_port: u16, mut fault: watch::Receiver<Fault>) {
+    let _ = client.set_nodelay(true);
+    // A new connection during a partition waits for it to end before reaching the service.
+    loop {
+        let now = *fault.borrow_and_update();
+        match now {
+            Fault::Reset => return reset(&client),
+            Fault::Blackhole => {}
+            Fault::Pass | Fault::Delay(_) => break,
+        }
+        if fault.changed().await.is_err() {
+            return;
+        }
+    }
+    let Ok(upstream) = TcpStream::connect(("127.0.0.1", target_port)).await else {
+        return reset(&client);
+    };
+    let _ = upstream.set_nodelay(true);
+    let (client_r, client_w) = client.into_split();
+    let (upstream_r, upstream_w) = upstream.into_split();
+    tokio::join!(
+        pump(client_r, upstream_w, fault.clone()),
+        pump(upstream_r, client_w, fault),
+    );
+}
+
+/// Copies one direction until EOF, an error, or a reset.
+async fn pump(mut from: OwnedReadHalf, mut to: OwnedWriteHalf, mut fault: watch::Receiver<Fault>) {
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        // While partitioned, stop reading: bytes stay in the kernel buffers, as if in flight.
+        loop {
+            let now = *fault.borrow_and_update();
+            match now {
+                Fault::Reset => {
+                    reset(from.as_ref());
+                    reset(to.as_ref());
+                    return;
+                }
+                Fault::Blackhole => {
+                    if fault.changed().await.is_err() {
+                        return;
+                    }
+                }
+                Fault::Pass | Fault::Delay(_) => break,
+            }
+        }
+        let n = tokio::select! {
+            read = from.read(&mut buf) => match read {
+                Ok(0) | Err(_) => {
+                    let _ = to.shutdown().await;
+                    return;
+                }
+                Ok(n) => n,
+            },
+            changed = fault.changed() => {
+                if changed.is_err() {
+                    return;
+                }
+                continue;
+            }
+        };
+        loop {
+            let now = *fault.borrow_and_update();
+            match now {
+                Fault::Reset => {
+                    reset(from.as_ref());
+                    reset(to.as_ref());
+                    return;
+                }
+                Fault::Blackhole => {
+                    if fault.changed().await.is_err() {
+                        return;
+                    }
+                    continue;
+                }
+                Fault::Delay(d) => tokio::time::sleep(d).await,
+                Fault::Pass => {}
+            }
+            break;
+        }
+        if to.write_all(&buf[..n]).await.is_err() {
+            return;
+        }
+    }
+}
+
+/// Makes the socket's close send RST instead of FIN; the caller then drops it (both pumps of
+/// a connection see the same fault and drop their halves).
+fn reset(stream: &TcpStream) {
+    let _ = stream.set_zero_linger();
+}
