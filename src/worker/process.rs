@@ -175,6 +175,10 @@ impl Worker {
                     .await;
             }
         };
+        // The uncertain window: from here until `sent` is recorded, a crash or a lost reply may
+        // leave a delivered email unrecorded, and the redelivery resends it (README, Guarantees).
+        // The chaos soak explains every duplicate by one such window that never closed.
+        tracing::info!(window = "sending", "uncertain window opens: sending");
         let started = Instant::now();
         let sent = self.mailer.send(&message).await;
         self.stats.smtp_latency.observe(started.elapsed());
@@ -184,6 +188,7 @@ impl Worker {
                     let age = (chrono::Utc::now() - created).to_std().unwrap_or_default();
                     self.stats.end_to_end.observe(age);
                 }
+                tracing::info!(window = "accepted", reply, "SMTP accepted; recording sent");
                 failpoint::hit("worker.after_smtp_ok").await;
                 self.record_sent(job, token, &reply, templates.revision())
                     .await
@@ -246,7 +251,7 @@ impl Worker {
         match result {
             Ok(true) => {
                 failpoint::hit("worker.after_record").await;
-                tracing::info!(reply, templates = revision, "sent");
+                tracing::info!(window = "closed", reply, templates = revision, "sent");
                 Outcome::Ack { duplicate: false }
             }
             Ok(false) => {
