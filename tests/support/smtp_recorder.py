@@ -6,14 +6,17 @@ Run it with Debian's interpreter, /usr/bin/python3, which has python3-aiosmtpd (
 used: aiosmtpd.smtp.SMTP with a handler's handle_MAIL / handle_RCPT / handle_DATA.
 
     /usr/bin/python3 tests/support/smtp_recorder.py --port 0 --log received.jsonl \\
-        [--maildir DIR] [--fail STAGE:CODE[:COUNT]]... [--data-delay SECONDS]
+        [--maildir DIR] [--fail STAGE:CODE[:COUNT]]... [--data-delay SECONDS] [--stall-file FILE]
 
 Once listening it prints one line, `LISTENING <port>`, to stdout. Every ACCEPTED message is
 appended to --log as one JSON line {"mail_from", "rcpt_tos", "message_id", "data"} and fsynced
 before the client is told 250, so a reader that sees 250 finds the line. --fail RCPT:451:2
 answers the first two RCPT commands (counted over all connections) with 451; without a count,
 always. Several --fail options for one stage are used in the order given. A 421 reply also
-closes the connection, as RFC 5321 says it should.
+closes the connection, as RFC 5321 says it should. --stall-file FILE switches a stall on and
+off while it runs: whenever FILE exists and holds a number of seconds, that wait replaces
+--data-delay before the final dot is answered (the chaos soak writes and removes it). A client
+that gives up during the wait is not recorded: its session is cancelled before the log line.
 """
 
 import argparse
@@ -71,6 +74,7 @@ class Recorder:
     def __init__(self, args):
         self.rules = args.fail
         self.data_delay = args.data_delay
+        self.stall_file = args.stall_file
         self.verbose = args.verbose
         self.log = open(args.log, "a", encoding="utf-8") if args.log else None
         self.maildir = args.maildir
@@ -86,6 +90,16 @@ class Recorder:
     def note(self, text):
         if self.verbose:
             print(f"smtp_recorder: {text}", file=sys.stderr, flush=True)
+
+    def current_delay(self):
+        """--data-delay, or the stall written in --stall-file while that file exists."""
+        if self.stall_file:
+            try:
+                with open(self.stall_file, encoding="utf-8") as f:
+                    return float(f.read().strip() or 0)
+            except (FileNotFoundError, ValueError):
+                pass
+        return self.data_delay
 
     def injected(self, server, stage):
         """The failure reply for this stage, if a --fail rule still applies, else None."""
@@ -120,8 +134,9 @@ class Recorder:
         return "250 OK"
 
     async def handle_DATA(self, server, session, envelope):
-        if self.data_delay > 0:
-            await asyncio.sleep(self.data_delay)
+        delay = self.current_delay()
+        if delay > 0:
+            await asyncio.sleep(delay)
         reply = self.injected(server, "DATA")
         if reply:
             return reply
@@ -160,6 +175,8 @@ def parse_args(argv):
                    help="answer MAIL, RCPT or DATA (the final dot) with CODE, COUNT times")
     p.add_argument("--data-delay", type=float, default=0.0, metavar="SECONDS",
                    help="wait this long before answering the final dot of DATA")
+    p.add_argument("--stall-file", metavar="FILE",
+                   help="while FILE holds a number of seconds, wait that long instead of --data-delay")
     p.add_argument("-v", "--verbose", action="store_true", help="one stderr line per event")
     return p.parse_args(argv)
 
