@@ -18,4 +18,5 @@ mod lifecycle;
 mod live_templates;
 mod metrics;
 mod outbox;
+mod soak;
 mod templates;
