@@ -31,6 +31,7 @@ impl<'a> Observer<'a> {
     pub async fn drain(&mut self, committed: &[Committed], patience: Duration) {
         let deadline = Instant::now() + patience;
         let started = Instant::now();
+        let mut next_note = started + Duration::from_secs(15);
         loop {
             self.take_dead_letters().await;
             let received: HashSet<String> = self
@@ -50,6 +51,13 @@ impl<'a> Observer<'a> {
             if pending == 0 && busy == 0 && queued == 0 {
                 println!("soak: drained in {:.1?}", started.elapsed());
                 return;
+            }
+            if Instant::now() >= next_note {
+                next_note += Duration::from_secs(15);
+                println!(
+                    "soak: draining {:.0?}: {pending} jobs pending, {busy} rows busy, {queued} queued",
+                    started.elapsed()
+                );
             }
             if Instant::now() >= deadline {
                 println!(
