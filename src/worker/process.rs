@@ -124,7 +124,7 @@ impl Worker {
         existing: Option<&crate::db::ExistingClaim>,
     ) -> Outcome {
         let attempts = existing.map_or(0, |e| i64::from(e.attempts));
-        match judge_refusal(existing) {
+        match judge_refusal(existing, self.settings.on_uncertain == OnUncertain::Resend) {
             Refusal::AlreadySent | Refusal::AlreadyDead => {
                 tracing::info!(status = ?existing.map(|e| e.status), "already handled; acknowledging the duplicate");
                 Outcome::Ack { duplicate: true }
