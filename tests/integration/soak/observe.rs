@@ -13,6 +13,10 @@ use tokio::time::Instant;
 use super::checker::{Committed, DeadLetterSeen, History, Key, Window, WindowEvent};
 use crate::helpers::{DeadLetter, TestApp};
 
+/// How long a drain waits once nothing is queued, unpublished or being sent and the pending
+/// count stopped changing (jobs still held unacknowledged by a worker would be `sending`).
+const QUIET: Duration = Duration::from_secs(30);
+
 pub struct Observer<'a> {
     app: &'a TestApp,
     dead_letters: Vec<DeadLetterSeen>,
@@ -32,6 +36,7 @@ impl<'a> Observer<'a> {
         let deadline = Instant::now() + patience;
         let started = Instant::now();
         let mut next_note = started + Duration::from_secs(15);
+        let mut last = ((usize::MAX, 0, 0), Instant::now());
         loop {
             self.take_dead_letters().await;
             let received: HashSet<String> = self
@@ -58,6 +63,16 @@ impl<'a> Observer<'a> {
                     "soak: draining {:.0?}: {pending} jobs pending, {busy} rows busy, {queued} queued",
                     started.elapsed()
                 );
+            }
+            // Jobs pending with nothing ready, unpublished or being sent cannot move any more.
+            let state = (pending, busy, queued);
+            if state != last.0 {
+                last = (state, Instant::now());
+            } else if busy == 0 && queued == 0 && last.1.elapsed() >= QUIET {
+                println!(
+                    "soak: drain stopped: {pending} jobs pending and nothing moved for {QUIET:?}"
+                );
+                return;
             }
             if Instant::now() >= deadline {
                 println!(
