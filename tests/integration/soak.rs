@@ -111,7 +111,7 @@ async fn soak(s: Settings) {
     let until = Instant::now() + s.nemesis;
     let producing = s.nemesis.mul_f64(0.6);
     let (committed, ()) = tokio::join!(
-        produce(&app, &plan, producing),
+        produce(&app, &plan, s.seed, producing),
         cluster.nemesis(&mut rng, &vhost, until, &s.ops)
     );
     cluster.heal();
@@ -171,9 +171,9 @@ fn plan(rng: &mut Rng, jobs: u64) -> Vec<Job> {
 }
 
 /// Runs [`PRODUCERS`] producers side by side over `over`; returns what they committed.
-async fn produce(app: &TestApp, plan: &[Job], over: Duration) -> Vec<Committed> {
+async fn produce(app: &TestApp, plan: &[Job], seed: u64, over: Duration) -> Vec<Committed> {
     let start = Instant::now();
-    let one = |p: u64| producer(app, plan, p, start, over);
+    let one = |p: u64| producer(app, plan, Rng::new(seed ^ (p + 1) << 40), p, start, over);
     let (a, b, c, d) = tokio::join!(one(0), one(1), one(2), one(3));
     [a, b, c, d].concat()
 }
@@ -183,11 +183,11 @@ async fn produce(app: &TestApp, plan: &[Job], over: Duration) -> Vec<Committed> 
 async fn producer(
     app: &TestApp,
     plan: &[Job],
+    mut rng: Rng,
     p: u64,
     start: Instant,
     over: Duration,
 ) -> Vec<Committed> {
-    let mut rng = Rng::new(plan.len() as u64 * 31 + p);
     let mine: Vec<usize> = (p as usize..plan.len())
         .step_by(PRODUCERS as usize)
         .collect();
