@@ -255,6 +255,7 @@ async fn claim_and_record(
             status: Status::Sent,
             smtp_reply: Some("250 2.0.0 Ok: queued as 4XYZ"),
             error: None,
+            class: None,
         })
         .await?;
     record_lat.record_duration(t.elapsed());

@@ -52,7 +52,7 @@ WHERE job_id = ? AND kind = ?
        OR (? AND status IN ('dead', 'uncertain', 'failed')))";
 
 const READ_CLAIM: &str = "
-SELECT status, attempts, claim_token,
+SELECT status, attempts, claim_token, error_class, last_error,
        CASE WHEN lease_until > UTC_TIMESTAMP(6)
             THEN TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), lease_until) END AS lease_left_us
 FROM sent_notifications WHERE job_id = ? AND kind = ?";
@@ -109,6 +109,8 @@ pub(super) async fn claim(pool: &MySqlPool, req: &ClaimRequest<'_>) -> Result<Cl
         lease_remaining: row
             .try_get::<Option<i64>, _>("lease_left_us")?
             .map(|us| Duration::from_micros(us.max(0) as u64)),
+        error_class: row.try_get("error_class")?,
+        last_error: row.try_get("last_error")?,
     })))
 }
 
@@ -120,6 +122,7 @@ UPDATE sent_notifications
 SET status = ?,
     smtp_reply = COALESCE(?, smtp_reply),
     last_error = ?,
+    error_class = ?,
     template_revision = COALESCE(?, template_revision),
     lease_until = NULL,
     sent_at = CASE WHEN ? = 'sent' THEN UTC_TIMESTAMP(6) ELSE sent_at END,
@@ -137,6 +140,7 @@ pub(super) async fn record(
         .bind(r.status.as_str())
         .bind(r.smtp_reply)
         .bind(r.error)
+        .bind(r.class)
         .bind(revision)
         .bind(r.status.as_str())
         .bind(r.job_id)

@@ -97,6 +97,9 @@ pub struct ExistingClaim {
     pub attempts: i32,
     /// Time left on the lease; `None` when there is no lease or it has expired.
     pub lease_remaining: Option<Duration>,
+    /// For a `dead` row: the class and reason it was dead-lettered with.
+    pub error_class: Option<String>,
+    pub last_error: Option<String>,
 }
 
 /// What a refused claim means for the delivery at hand.
@@ -114,7 +117,8 @@ pub enum Refusal {
 }
 
 /// Decides what a refused claim means. Pure, so the whole table is unit-tested.
-pub fn judge_refusal(existing: Option<&ExistingClaim>) -> Refusal {
+/// `resend_uncertain` is the claim's own policy (`MAILROOM_ON_UNCERTAIN=resend`).
+pub fn judge_refusal(existing: Option<&ExistingClaim>, resend_uncertain: bool) -> Refusal {
     let Some(existing) = existing else {
         // Deleted between the two statements (retention): claim again shortly.
         return Refusal::Busy {
@@ -125,6 +129,12 @@ pub fn judge_refusal(existing: Option<&ExistingClaim>) -> Refusal {
         (Status::Sent, _) => Refusal::AlreadySent,
         (Status::Dead, _) => Refusal::AlreadyDead,
         (Status::Sending, Some(left)) => Refusal::Busy { after: left },
+        // With `resend` the claim takes such a row over, so it was refused in another state
+        // and the row changed before it was read (a lease expiring in between, a holder
+        // recording `uncertain`): claim again, never dead-letter (found by the chaos soak).
+        (Status::Sending, None) | (Status::Uncertain, _) if resend_uncertain => Refusal::Busy {
+            after: Duration::ZERO,
+        },
         // Refused although expired or uncertain: the policy forbids resending.
         (Status::Sending, None) | (Status::Uncertain, _) => Refusal::Uncertain,
         // `failed` is always claimable; it was refused only because it changed meanwhile.
@@ -162,6 +172,8 @@ pub struct Record<'a> {
     pub status: Status,
     pub smtp_reply: Option<&'a str>,
     pub error: Option<&'a str>,
+    /// For a `dead` row: the class of the failure (an `ErrorClass` name).
+    pub class: Option<&'a str>,
 }
 
 impl Database {
@@ -214,13 +226,15 @@ mod tests {
             status,
             attempts: 1,
             lease_remaining: lease.map(Duration::from_secs),
+            error_class: None,
+            last_error: None,
         }
     }
 
     #[test]
     fn sent_row_is_a_duplicate_to_acknowledge() {
         assert_eq!(
-            judge_refusal(Some(&row(Status::Sent, None))),
+            judge_refusal(Some(&row(Status::Sent, None)), false),
             Refusal::AlreadySent
         );
     }
@@ -228,7 +242,7 @@ mod tests {
     #[test]
     fn dead_row_is_not_resent_without_replay() {
         assert_eq!(
-            judge_refusal(Some(&row(Status::Dead, None))),
+            judge_refusal(Some(&row(Status::Dead, None)), false),
             Refusal::AlreadyDead
         );
     }
@@ -236,7 +250,7 @@ mod tests {
     #[test]
     fn live_lease_means_retry_after_it_ends() {
         assert_eq!(
-            judge_refusal(Some(&row(Status::Sending, Some(42)))),
+            judge_refusal(Some(&row(Status::Sending, Some(42))), false),
             Refusal::Busy {
                 after: Duration::from_secs(42)
             }
@@ -246,12 +260,28 @@ mod tests {
     #[test]
     fn expired_or_uncertain_refused_means_the_policy_forbids_resending() {
         assert_eq!(
-            judge_refusal(Some(&row(Status::Sending, None))),
+            judge_refusal(Some(&row(Status::Sending, None)), false),
             Refusal::Uncertain
         );
         assert_eq!(
-            judge_refusal(Some(&row(Status::Uncertain, None))),
+            judge_refusal(Some(&row(Status::Uncertain, None)), false),
             Refusal::Uncertain
+        );
+    }
+
+    #[test]
+    fn expired_or_uncertain_refused_under_resend_means_the_row_changed_so_claim_again() {
+        let soon = Refusal::Busy {
+            after: Duration::ZERO,
+        };
+        assert_eq!(judge_refusal(Some(&row(Status::Sending, None)), true), soon);
+        assert_eq!(
+            judge_refusal(Some(&row(Status::Uncertain, None)), true),
+            soon
+        );
+        assert_eq!(
+            judge_refusal(Some(&row(Status::Sent, None)), true),
+            Refusal::AlreadySent
         );
     }
 
@@ -260,8 +290,8 @@ mod tests {
         let soon = Refusal::Busy {
             after: Duration::ZERO,
         };
-        assert_eq!(judge_refusal(Some(&row(Status::Failed, None))), soon);
-        assert_eq!(judge_refusal(None), soon);
+        assert_eq!(judge_refusal(Some(&row(Status::Failed, None)), false), soon);
+        assert_eq!(judge_refusal(None, false), soon);
     }
 
     #[test]

@@ -28,7 +28,7 @@ WHERE n.status = 'failed'
 RETURNING n.attempts";
 
 const READ_CLAIM: &str = "
-SELECT status, attempts,
+SELECT status, attempts, error_class, last_error,
        CASE WHEN lease_until > now()
             THEN EXTRACT(EPOCH FROM (lease_until - now()))::float8 END AS lease_left
 FROM sent_notifications WHERE job_id = $1 AND kind = $2";
@@ -61,6 +61,8 @@ pub(super) async fn claim(pool: &PgPool, req: &ClaimRequest<'_>) -> Result<Claim
                 lease_remaining: row
                     .try_get::<Option<f64>, _>("lease_left")?
                     .map(|s| Duration::from_secs_f64(s.max(0.0))),
+                error_class: row.try_get("error_class")?,
+                last_error: row.try_get("last_error")?,
             })
         })
         .transpose()?;
@@ -73,6 +75,7 @@ UPDATE sent_notifications
 SET status = $3,
     smtp_reply = COALESCE($4, smtp_reply),
     last_error = $5,
+    error_class = $8,
     template_revision = COALESCE($7, template_revision),
     lease_until = NULL,
     sent_at = CASE WHEN $3 = 'sent' THEN now() ELSE sent_at END,
@@ -94,6 +97,7 @@ pub(super) async fn record(
         .bind(r.error)
         .bind(r.token)
         .bind(revision)
+        .bind(r.class)
         .execute(pool)
         .await?;
     Ok(done.rows_affected() == 1)

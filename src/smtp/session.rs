@@ -12,7 +12,7 @@ use lettre::address::Envelope;
 use lettre::transport::smtp::client::AsyncSmtpConnection;
 use lettre::transport::smtp::commands::{Data, Mail, Rcpt};
 use lettre::transport::smtp::extension::{Extension, MailBodyParameter, MailParameter};
-use lettre::transport::smtp::response::Response;
+use lettre::transport::smtp::response::{Response, Severity};
 
 use super::SendError;
 
@@ -161,7 +161,17 @@ pub async fn transaction(
         part: Some(email),
         phase,
     };
-    Ok(conn.message_iter(body).await?)
+    let reply = conn.message_iter(body).await?;
+    // lettre accepts any positive reply; only a 2xx means the server took the message. Anything
+    // else after the final dot (a 354 read out of step, say) leaves its fate unknown.
+    if reply.code().severity != Severity::PositiveCompletion {
+        return Err(Failure::Io(std::io::Error::other(format!(
+            "unexpected reply to the final dot: {} {}",
+            reply.code(),
+            reply.message().collect::<Vec<_>>().join(" ")
+        ))));
+    }
+    Ok(reply)
 }
 
 /// SMTPUTF8 and 8BITMIME when the envelope or the message need them (as lettre's own `send`),

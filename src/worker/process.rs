@@ -53,6 +53,18 @@ pub enum ErrorClass {
 }
 
 impl ErrorClass {
+    pub fn parse(s: &str) -> Option<ErrorClass> {
+        [
+            ErrorClass::Invalid,
+            ErrorClass::Template,
+            ErrorClass::Rejected,
+            ErrorClass::Exhausted,
+            ErrorClass::Uncertain,
+        ]
+        .into_iter()
+        .find(|c| c.as_str() == s)
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             ErrorClass::Invalid => "invalid",
@@ -139,7 +151,20 @@ impl Worker {
         existing: Option<&crate::db::ExistingClaim>,
     ) -> Outcome {
         let attempts = existing.map_or(0, |e| i64::from(e.attempts));
-        match judge_refusal(existing) {
+        match judge_refusal(existing, self.settings.on_uncertain == OnUncertain::Resend) {
+            // The row is dead, but its dead letter may never have reached the queue (the
+            // connection broke mid-publish and the broker handed the job back): dead-letter it
+            // again with its recorded reason. A second dead letter is harmless; none is a loss.
+            Refusal::AlreadyDead
+                if let Some(class) = existing
+                    .and_then(|e| e.error_class.as_deref())
+                    .and_then(ErrorClass::parse) =>
+            {
+                let reason = existing
+                    .and_then(|e| e.last_error.clone())
+                    .unwrap_or_else(|| "dead-lettered before".into());
+                dead(class, reason, attempts)
+            }
             Refusal::AlreadySent | Refusal::AlreadyDead => {
                 tracing::info!(status = ?existing.map(|e| e.status), "already handled; acknowledging the duplicate");
                 Outcome::Ack { duplicate: true }
@@ -165,6 +190,7 @@ impl Worker {
                     status: Status::Uncertain,
                     smtp_reply: None,
                     error: Some(&reason),
+                    class: Some(ErrorClass::Uncertain.as_str()),
                 };
                 self.record_once(&record).await;
                 dead(ErrorClass::Uncertain, reason, attempts)
@@ -197,6 +223,10 @@ impl Worker {
                     .await;
             }
         };
+        // The uncertain window: from here until `sent` is recorded, a crash or a lost reply may
+        // leave a delivered email unrecorded, and the redelivery resends it (README, Guarantees).
+        // The chaos soak explains every duplicate by one such window that never closed.
+        tracing::info!(window = "sending", "uncertain window opens: sending");
         let started = Instant::now();
         let sent = self.mailer.send(&message).await;
         self.stats.smtp_latency.observe(started.elapsed());
@@ -207,6 +237,7 @@ impl Worker {
                     let age = (chrono::Utc::now() - created).to_std().unwrap_or_default();
                     self.stats.end_to_end.observe(age);
                 }
+                tracing::info!(window = "accepted", reply, "SMTP accepted; recording sent");
                 failpoint::hit_job("worker.after_smtp_ok", &job.job.job_id).await;
                 self.record_sent(job, token, &reply, templates.revision())
                     .await
@@ -256,6 +287,7 @@ impl Worker {
             status: Status::Sent,
             smtp_reply: Some(reply),
             error: None,
+            class: None,
         };
         let policy = ExponentialBuilder::default()
             .with_min_delay(Duration::from_millis(100))
@@ -269,7 +301,7 @@ impl Worker {
         match result {
             Ok(true) => {
                 failpoint::hit("worker.after_record").await;
-                tracing::info!(reply, templates = revision, "sent");
+                tracing::info!(window = "closed", reply, templates = revision, "sent");
                 Outcome::Ack { duplicate: false }
             }
             Ok(false) => {
@@ -297,7 +329,8 @@ impl Worker {
                 .give_up(job, token, attempt, ErrorClass::Exhausted, reason)
                 .await;
         }
-        self.record_once(&record(job, token, status, &reason)).await;
+        self.record_once(&record(job, token, status, None, &reason))
+            .await;
         self.retry(self.backoff(attempt), reason)
     }
 
@@ -322,7 +355,8 @@ impl Worker {
         class: ErrorClass,
         reason: String,
     ) -> Outcome {
-        self.record_once(&record(job, token, status, &reason)).await;
+        self.record_once(&record(job, token, status, Some(class), &reason))
+            .await;
         dead(class, reason, i64::from(attempt))
     }
 
@@ -357,7 +391,14 @@ impl Worker {
     }
 }
 
-fn record<'a>(job: &'a ValidJob, token: Uuid, status: Status, reason: &'a str) -> Record<'a> {
+/// A failure to record; `class` for a row that becomes `dead` or `uncertain`.
+fn record<'a>(
+    job: &'a ValidJob,
+    token: Uuid,
+    status: Status,
+    class: Option<ErrorClass>,
+    reason: &'a str,
+) -> Record<'a> {
     Record {
         job_id: &job.job.job_id,
         kind: &job.job.kind,
@@ -365,6 +406,7 @@ fn record<'a>(job: &'a ValidJob, token: Uuid, status: Status, reason: &'a str) -
         status,
         smtp_reply: None,
         error: Some(reason),
+        class: class.map(ErrorClass::as_str),
     }
 }
 

@@ -52,6 +52,28 @@ async fn a_550_reply_dead_letters_with_the_reason_and_sends_nothing() {
 }
 
 #[tokio::test]
+async fn a_copy_of_a_dead_job_is_dead_lettered_again_with_its_reason_in_case_the_first_was_lost() {
+    let app = TestApp::spawn_with(&["--fail", "RCPT:550"]).await;
+    let worker = app.start_worker(&[]);
+    app.publish(&app.job("dead-twice")).await;
+    let first = app.dead_letters(1).await;
+    // The broker hands the job back, as it does when the first dead letter's publish broke.
+    app.publish(&app.job("dead-twice")).await;
+    let second = app.dead_letters(1).await;
+    worker.stop().await;
+    for letter in [&first[0], &second[0]] {
+        assert_eq!(
+            letter.header("x-mailroom-error-class").as_deref(),
+            Some("rejected")
+        );
+        assert!(letter.header("x-mailroom-error").unwrap().contains("550"));
+    }
+    assert!(app.smtp.received().is_empty(), "nothing was sent");
+    let row = app.notification("dead-twice", "welcome").await.unwrap();
+    assert_eq!((row.status.as_str(), row.attempts), ("dead", 1));
+}
+
+#[tokio::test]
 async fn bad_input_is_dead_lettered_with_a_precise_reason_while_good_jobs_flow() {
     let app = TestApp::spawn().await;
     let worker = app.start_worker(&[]);

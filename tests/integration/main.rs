@@ -24,4 +24,5 @@ mod outbox;
 mod poison;
 mod proxy_faults;
 mod smtp_faults;
+mod soak;
 mod templates;

@@ -6,7 +6,7 @@ Run it with Debian's interpreter, /usr/bin/python3, which has python3-aiosmtpd (
 used: aiosmtpd.smtp.SMTP with a handler's handle_MAIL / handle_RCPT / handle_DATA.
 
     /usr/bin/python3 tests/support/smtp_recorder.py --port 0 --log received.jsonl \\
-        [--maildir DIR] [--fail STAGE:CODE[:COUNT]]... [--data-delay SECONDS] \\
+        [--maildir DIR] [--fail STAGE:CODE[:COUNT]]... [--data-delay SECONDS] [--stall-file FILE] \\
         [--stall-greeting COUNT] [--lose-reply close|silent[:COUNT]] [--max-sessions N]
 
 Once listening it prints one line, `LISTENING <port>`, to stdout. Every ACCEPTED message is
@@ -26,6 +26,11 @@ Faults for the tests of the uncertain window and of timeouts:
   --max-sessions N         at most N sessions at once; one more is answered `421 too many
                            sessions` and closed. The peak is printed on exit and, with -v,
                            on every new session.
+  --stall-file FILE        switches a stall on and off while the server runs: whenever
+                           FILE exists and holds a number of seconds, that wait replaces
+                           --data-delay before the final dot is answered (the chaos soak writes
+                           and removes it). A client that gives up during the wait is not
+                           recorded: its session is cancelled before the log line.
 """
 
 import argparse
@@ -109,6 +114,7 @@ class Recorder:
         self.rules = args.fail
         self.data_delay = args.data_delay
         self.lose_reply = args.lose_reply
+        self.stall_file = args.stall_file
         self.verbose = args.verbose
         self.log = open(args.log, "a", encoding="utf-8") if args.log else None
         self.maildir = args.maildir
@@ -124,6 +130,16 @@ class Recorder:
     def note(self, text):
         if self.verbose:
             print(f"smtp_recorder: {text}", file=sys.stderr, flush=True)
+
+    def current_delay(self):
+        """--data-delay, or the stall written in --stall-file while that file exists."""
+        if self.stall_file:
+            try:
+                with open(self.stall_file, encoding="utf-8") as f:
+                    return float(f.read().strip() or 0)
+            except (FileNotFoundError, ValueError):
+                pass
+        return self.data_delay
 
     def injected(self, server, stage):
         """The failure reply for this stage, if a --fail rule still applies, else None."""
@@ -158,8 +174,9 @@ class Recorder:
         return "250 OK"
 
     async def handle_DATA(self, server, session, envelope):
-        if self.data_delay > 0:
-            await asyncio.sleep(self.data_delay)
+        delay = self.current_delay()
+        if delay > 0:
+            await asyncio.sleep(delay)
         reply = self.injected(server, "DATA")
         if reply:
             return reply
@@ -265,6 +282,8 @@ def parse_args(argv):
                    help="accept and log a message, then lose the reply to its final dot")
     p.add_argument("--max-sessions", type=int, metavar="N",
                    help="answer 421 and close beyond N concurrent sessions")
+    p.add_argument("--stall-file", metavar="FILE",
+                   help="while FILE holds a number of seconds, wait that long instead of --data-delay")
     p.add_argument("-v", "--verbose", action="store_true", help="one stderr line per event")
     return p.parse_args(argv)
 
