@@ -352,15 +352,17 @@ fn throughput_bars(r: &Results, area: &Area) -> anyhow::Result<()> {
         e2e.emails_per_s,
         GREY,
     ));
-    let only = &r.relay.relay_only;
-    rows.push((
-        format!(
-            "mailroom relay only (outbox → queue): {}/s",
-            thousands(only.rows_per_s)
-        ),
-        only.rows_per_s,
-        BROKER,
-    ));
+    for a in &r.relay.alone {
+        rows.push((
+            format!(
+                "mailroom relay only on {} (outbox → queue): {}/s",
+                a.engine,
+                thousands(a.relay_only.rows_per_s)
+            ),
+            a.relay_only.rows_per_s,
+            BROKER,
+        ));
+    }
     let xmax = rows.iter().map(|r| r.1).fold(1.0, f64::max) * 1.05;
     bars(
         area,

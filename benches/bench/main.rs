@@ -4,7 +4,8 @@
 //! ```text
 //! cargo bench --bench bench -- [--quick] [--n 20000] [--out target/bench] [--workers 1,2,4]
 //! ```
-//! Needs the services of `scripts/services` (RabbitMQ, PostgreSQL, Postfix's smtp-sink).
+//! Needs the services of `scripts/services` (RabbitMQ, PostgreSQL, MariaDB, Postfix's
+//! smtp-sink).
 //! Prints one table (markdown) and writes `<out>/results.json` and `<out>/bench.svg`; worker
 //! logs go to `<out>/logs/`.
 //!
@@ -14,8 +15,9 @@
 //!    database, then 1, 2, 4 worker processes drain them into smtp-sink;
 //! 3. the worker path at offered rates ([`workers::paced`]): 500/s and 25/50/90 % of the
 //!    1-process maximum, publish → SMTP accepted;
-//! 4. relay only and relay idle ([`relay::relay_alone`]): outbox → queue rows/s, and the
-//!    idle relay's transactions per second;
+//! 4. the relay alone on PostgreSQL and on MySQL/MariaDB ([`relay_alone::both_engines`]):
+//!    outbox → queue rows/s, the idle relay's transactions or commands per second, and the
+//!    commit → published latency of single rows committed to an idle relay;
 //! 5. end to end ([`relay::end_to_end`]): outbox commit → SMTP accepted through a relay and a
 //!    worker process, at full speed and at 25/50/90 % of that maximum and at 500/s.
 //!
@@ -24,9 +26,11 @@
 
 mod chart;
 mod latency;
+mod mysql;
 mod procstat;
 mod raw;
 mod relay;
+mod relay_alone;
 mod report;
 mod workers;
 mod workload;
@@ -57,6 +61,8 @@ pub struct Opts {
     pub target_rate: f64,
     /// Seconds of offered load per paced run.
     pub paced_secs: f64,
+    /// Single outbox rows committed to an idle relay, per engine.
+    pub wake_rows: usize,
     pub out: PathBuf,
 }
 
@@ -76,6 +82,7 @@ impl Opts {
             },
             target_rate: 500.0,
             paced_secs: if quick { 2.0 } else { 5.0 },
+            wake_rows: if quick { 4 } else { 20 },
             out: PathBuf::from("target/bench"),
         };
         let mut it = args.iter();
@@ -236,15 +243,23 @@ async fn run(opts: Opts) -> anyhow::Result<()> {
         outbox_commits.with_notify, outbox_commits.without_notify
     ));
     step(&format!(
-        "relay only: {} outbox rows committed at once, one relay process; then {} s idle",
+        "relay alone on PostgreSQL, then MariaDB/MySQL: {} outbox rows committed at once; then {} s idle and {} single rows, both engines side by side",
         opts.n,
-        relay::IDLE_WINDOW.as_secs()
+        relay_alone::IDLE_WINDOW.as_secs(),
+        opts.wake_rows
     ));
-    let (relay_only, relay_idle) = relay::relay_alone(&services, opts.n, &logs).await?;
-    step(&format!(
-        "  {:.0} rows/s; idle: {:.2} transactions/s",
-        relay_only.rows_per_s, relay_idle.per_s
-    ));
+    let alone = relay_alone::both_engines(&services, opts.n, opts.wake_rows, &logs).await?;
+    for a in &alone {
+        step(&format!(
+            "  {}: {:.0} rows/s; idle: {:.2} {}/s; commit → published p50 {:.1} ms, max {:.1} ms",
+            a.engine,
+            a.relay_only.rows_per_s,
+            a.relay_idle.per_s,
+            a.relay_idle.unit,
+            a.wake.latency.p50,
+            a.wake.latency.max
+        ));
+    }
     step(&format!(
         "end to end: {} jobs committed by {} producers, 1 relay + 1 worker",
         opts.n,
@@ -282,8 +297,7 @@ async fn run(opts: Opts) -> anyhow::Result<()> {
     let relay = relay::RelayFigures {
         producers: relay::PRODUCERS,
         outbox_commits,
-        relay_only,
-        relay_idle,
+        alone,
         end_to_end_max,
         end_to_end_paced,
     };

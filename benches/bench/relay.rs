@@ -1,14 +1,5 @@
-//! The measurements that go through the outbox and a real `mailroom relay` process:
-//! - **relay only**: an idle relay, then N outbox rows committed in one transaction; the time
-//!   from that commit until no row is unpublished gives rows/s (outbox → confirmed in the
-//!   queue, marked published);
-//! - **relay idle**: the same relay with nothing to do; the transactions it runs on its
-//!   database per second, as `pg_stat_database` counts them (`xact_commit + xact_rollback` of
-//!   the world's own database over [`IDLE_WINDOW`], read through another database so that the
-//!   reads do not count; the bench's own connections to it are closed and autovacuum is off
-//!   for the outbox table). An idle scan is one transaction (BEGIN, claim, COMMIT) every
-//!   `MAILROOM_RELAY_POLL` (5 s), plus sqlx's check of the pooled connection before reuse (an
-//!   empty query, which PostgreSQL counts as a transaction too);
+//! The measurements that go through the outbox and a real `mailroom relay` process (the relay
+//! by itself, on both engines, is in [`crate::relay_alone`]):
 //! - **end to end**: 1 relay + 1 worker process; [`PRODUCERS`] concurrent producers each
 //!   commit one outbox row per transaction ([`OutboxProducer`]). At full speed (a backlog of N
 //!   jobs) this gives emails/s from the first commit to the last SMTP acceptance; at offered
@@ -17,14 +8,13 @@
 
 use std::path::Path;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use anyhow::Context;
 use chrono::{DateTime, Utc};
 use futures_util::future::BoxFuture;
 use mailroom::db::outbox;
 use serde::Serialize;
-use sqlx::{Connection as _, PgConnection, PgPool};
+use sqlx::PgPool;
 
 use crate::latency::{Lat, Recorder};
 use crate::procstat::{CpuShare, Roles, Snapshot};
@@ -35,12 +25,6 @@ use crate::world::{Services, SmtpSink, World, pg_clock_offset};
 /// Producers committing outbox rows at once in the end-to-end runs (a web application's
 /// request handlers).
 pub const PRODUCERS: usize = 32;
-/// How long the idle relay is watched.
-pub const IDLE_WINDOW: Duration = Duration::from_secs(10);
-/// Wait before the idle window: the relay's pool alternates between its two connections, each
-/// scanning every other poll (5 s), and a backend reports its statistics when it goes idle (at
-/// most once a second, else 10 s later): after 12 s the busy phase is fully reported.
-const IDLE_SETTLE: Duration = Duration::from_secs(12);
 /// Jobs sent through the whole path before the clock starts (connections and pools open).
 const WARM: usize = 50;
 
@@ -83,24 +67,6 @@ pub struct EndToEnd {
     pub cpu: CpuShare,
 }
 
-#[derive(Clone, Debug, Serialize)]
-pub struct RelayOnly {
-    pub n: usize,
-    pub rows_per_s: f64,
-    pub complete: bool,
-    /// Messages ready in the work queue afterwards (N + the warm-up row).
-    pub queued: u32,
-}
-
-#[derive(Clone, Debug, Serialize)]
-pub struct RelayIdle {
-    pub window_s: f64,
-    /// `xact_commit + xact_rollback` of the relay's database during the window.
-    pub transactions: i64,
-    pub per_s: f64,
-    pub method: &'static str,
-}
-
 /// Producers' commit rate into the outbox, which bounds the end-to-end rate.
 #[derive(Clone, Debug, Serialize)]
 pub struct OutboxCommits {
@@ -116,8 +82,8 @@ pub struct OutboxCommits {
 pub struct RelayFigures {
     pub producers: usize,
     pub outbox_commits: OutboxCommits,
-    pub relay_only: RelayOnly,
-    pub relay_idle: RelayIdle,
+    /// Relay only, idle and wake-up latency: PostgreSQL, then MySQL/MariaDB.
+    pub alone: Vec<crate::relay_alone::RelayAlone>,
     pub end_to_end_max: EndToEnd,
     pub end_to_end_paced: Vec<EndToEnd>,
 }
@@ -157,110 +123,6 @@ pub async fn outbox_commits(services: &Services, n: usize) -> anyhow::Result<Out
     .await;
     world.cleanup().await;
     result
-}
-
-/// Relay only, then relay idle, on one world with one relay process.
-pub async fn relay_alone(
-    services: &Services,
-    n: usize,
-    logs: &Path,
-) -> anyhow::Result<(RelayOnly, RelayIdle)> {
-    let world = World::create(services, "relay-only", 4).await?;
-    let mut fleet = Fleet::default();
-    let result = async {
-        fleet.add(&world, "relay", 1, None, logs)?;
-        relay_alone_in(&world, services, n).await
-    }
-    .await;
-    fleet.stop().await;
-    world.cleanup().await;
-    result
-}
-
-async fn relay_alone_in(
-    world: &World,
-    services: &Services,
-    n: usize,
-) -> anyhow::Result<(RelayOnly, RelayIdle)> {
-    let pool = world.pg_pool().clone();
-    let mut pg = world.pg().await?;
-    // Autovacuum's transactions would count as the relay's in the idle window.
-    sqlx::query("ALTER TABLE mailroom_outbox SET (autovacuum_enabled = false)")
-        .execute(&mut pg)
-        .await?;
-    let warm = OutboxProducer {
-        pool: pool.clone(),
-        prefix: "warm".into(),
-    };
-    warm.submit(0).await?;
-    anyhow::ensure!(
-        wait_published(&mut pg, patience(1)).await?,
-        "the relay did not publish the warm-up row"
-    );
-    let mut tx = pool.begin().await?;
-    for i in 0..n {
-        outbox::enqueue(&mut tx, &workload::email_job("job", i, Utc::now())).await?;
-    }
-    tx.commit().await?;
-    let t0 = Instant::now();
-    let complete = wait_published(&mut pg, patience(n)).await?;
-    let rows_per_s = n as f64 / t0.elapsed().as_secs_f64();
-    let queued = world.ready_messages().await?;
-
-    // Idle: only the relay stays connected to its database (a closing backend reports its
-    // statistics at once); its last busy transactions are reported within `IDLE_SETTLE`.
-    let _ = pg.close().await;
-    world.db.close().await;
-    tokio::time::sleep(IDLE_SETTLE).await;
-    let mut admin = PgConnection::connect(&services.admin_db_url).await?;
-    let before = transactions(&mut admin, &world.db_name).await?;
-    let t = Instant::now();
-    tokio::time::sleep(IDLE_WINDOW).await;
-    let after = transactions(&mut admin, &world.db_name).await?;
-    let window_s = t.elapsed().as_secs_f64();
-    let _ = admin.close().await;
-    Ok((
-        RelayOnly {
-            n,
-            rows_per_s,
-            complete,
-            queued,
-        },
-        RelayIdle {
-            window_s,
-            transactions: after - before,
-            per_s: (after - before) as f64 / window_s,
-            method: "pg_stat_database xact_commit + xact_rollback of the relay's database",
-        },
-    ))
-}
-
-/// Waits until no outbox row is unpublished; false if `patience` ran out first.
-async fn wait_published(pg: &mut PgConnection, patience: Duration) -> anyhow::Result<bool> {
-    let deadline = Instant::now() + patience;
-    loop {
-        let pending: i64 =
-            sqlx::query_scalar("SELECT count(*) FROM mailroom_outbox WHERE published_at IS NULL")
-                .fetch_one(&mut *pg)
-                .await?;
-        if pending == 0 {
-            return Ok(true);
-        }
-        if Instant::now() >= deadline {
-            return Ok(false);
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-}
-
-async fn transactions(admin: &mut PgConnection, db: &str) -> anyhow::Result<i64> {
-    sqlx::query_scalar(
-        "SELECT (xact_commit + xact_rollback)::bigint FROM pg_stat_database WHERE datname = $1",
-    )
-    .bind(db)
-    .fetch_one(admin)
-    .await
-    .context("reading pg_stat_database")
 }
 
 /// End to end with a relay and a worker process: `rate` None = as fast as possible.

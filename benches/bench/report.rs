@@ -8,6 +8,7 @@ use crate::Results;
 use crate::latency::{Lat, ms};
 use crate::procstat::{self, CpuShare};
 use crate::relay::EndToEnd;
+use crate::relay_alone::RelayAlone;
 
 /// The machine the figures come from.
 #[derive(Clone, Debug, Serialize)]
@@ -341,24 +342,70 @@ fn relay_rows(t: &mut String, r: &Results, limit_text: &str) {
     for p in &rel.end_to_end_paced {
         e2e_paced_row(t, p, floor);
     }
-    let only = &rel.relay_only;
+    for a in &rel.alone {
+        relay_alone_rows(t, r, a);
+    }
+}
+
+/// Relay only, idle and wake-up latency on one engine.
+fn relay_alone_rows(t: &mut String, r: &Results, a: &RelayAlone) {
+    let only = &a.relay_only;
     let _ = writeln!(
         t,
-        "| **relay only**: outbox → queue rows/s ({} rows committed at once, 1 relay){} | {} | RabbitMQ {}/s | {} |",
+        "| **relay only** on {}: outbox → queue rows/s ({} rows committed at once, 1 relay){} | {} | RabbitMQ {}/s | {} |",
+        a.engine,
         thousands(only.n as f64),
         if only.complete { "" } else { " (INCOMPLETE)" },
         thousands(only.rows_per_s),
         thousands(r.raw_broker.rate),
         ratio(only.rows_per_s, r.raw_broker.rate)
     );
-    let idle = &rel.relay_idle;
+    let idle = &a.relay_idle;
+    let mut detail = String::new();
+    if !idle.commands.is_empty() {
+        let by_kind: Vec<String> = idle
+            .commands
+            .iter()
+            .map(|(k, v)| format!("{v} {k}"))
+            .collect();
+        let _ = write!(detail, "; {}", by_kind.join(", "));
+    }
+    if let Some(q) = idle.server_questions_per_s {
+        let _ = write!(
+            detail,
+            "; server-wide `Questions` {q:.2}/s (every client of the server)"
+        );
+    }
     let _ = writeln!(
         t,
-        "| **relay idle**: database transactions/s ({}, {:.0} s) | {:.2} | target ≤ 1/s | {} |",
+        "| **relay idle** on {}: {}/s ({}, {:.0} s: {} {}{detail}) | {:.2} | target ≤ 1/s | {} |",
+        a.engine,
+        idle.unit,
         idle.method,
         idle.window_s,
+        idle.count,
+        idle.unit,
         idle.per_s,
         ratio(idle.per_s, 1.0)
+    );
+    let w = &a.wake;
+    let l = &w.latency;
+    let (value, ratio_text) = if l.count == 0 {
+        ("–".to_string(), "–".to_string())
+    } else {
+        (
+            format!("{} / {} / {} ms", ms(l.p50), ms(l.p95), ms(l.max)),
+            format!("max {:.2} of the 1 s ceiling", l.max / 1000.0),
+        )
+    };
+    let _ = writeln!(
+        t,
+        "| **relay wake-up** on {}: commit → published p50 / p95 / max (`published_at - created_at`, {} of {} single rows committed to an idle relay, {:.1}–{:.1} s apart) | {value} | MySQL: probes back off to `--relay-poll-max` 1 s; PostgreSQL: NOTIFY | {ratio_text} |",
+        a.engine,
+        w.published,
+        w.rows,
+        w.gap_s,
+        w.gap_s + 1.0
     );
 }
 

@@ -103,7 +103,7 @@ impl Fleet {
         let log = std::fs::File::create(logs.join(format!("{}-{command}{i}.log", world.label)))?;
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_mailroom"));
         cmd.arg(command)
-            .args(["--database-url", &world.db_url])
+            .args(["--database-url", &world.process_db_url])
             .args(["--amqp-url", &world.services.amqp_url])
             .args(["--namespace", &world.namespace]);
         if let Some(sink) = sink {

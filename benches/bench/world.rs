@@ -1,5 +1,5 @@
-//! The isolated world of one measurement: a fresh PostgreSQL database (migrated), a fresh
-//! broker namespace (declared with mailroom's own `declare_topology`), and Postfix's
+//! The isolated world of one measurement: a fresh PostgreSQL database (migrated; MySQL/MariaDB
+//! for the relay rows that compare the engines), a fresh broker namespace (declared with mailroom's own `declare_topology`), and Postfix's
 //! `smtp-sink` on a free loopback port. Everything is removed again by [`World::cleanup`].
 
 use std::path::Path;
@@ -13,7 +13,7 @@ use chrono::{DateTime, Utc};
 use lapin::{Channel, Connection, options::*};
 use mailroom::broker::{self, Topology};
 use mailroom::config::SecretUrl;
-use mailroom::db::Database;
+use mailroom::db::{Database, Engine};
 use sqlx::{Connection as _, Executor as _, PgConnection};
 use tokio::io::AsyncReadExt;
 use tokio::process::{Child, Command};
@@ -28,6 +28,8 @@ const SMTP_SINK: &str = "/usr/sbin/smtp-sink";
 pub struct Services {
     /// A database the bench can connect to in order to create and drop its own databases.
     pub admin_db_url: String,
+    /// The same on MySQL/MariaDB (the relay rows of that engine).
+    pub mysql_admin_url: String,
     pub amqp_url: String,
 }
 
@@ -44,6 +46,10 @@ impl Services {
                 &["MAILROOM_BENCH_DATABASE_URL", "MAILROOM_TEST_DATABASE_URL"],
                 "postgres://mailroom:mailroom@127.0.0.1:5432/mailroom",
             ),
+            mysql_admin_url: var(
+                &["MAILROOM_BENCH_MYSQL_URL", "MAILROOM_TEST_MYSQL_URL"],
+                "mysql://mailroom:mailroom@127.0.0.1:3306/mailroom",
+            ),
             amqp_url: var(
                 &["MAILROOM_BENCH_AMQP_URL", "MAILROOM_TEST_AMQP_URL"],
                 "amqp://guest:guest@127.0.0.1:5672/%2f",
@@ -56,7 +62,10 @@ impl Services {
 pub struct World {
     pub label: String,
     pub db: Database,
+    pub engine: Engine,
     pub db_url: String,
+    /// The URL the mailroom processes get: `db_url`, or a counting proxy in front of it.
+    pub process_db_url: String,
     pub db_name: String,
     pub namespace: String,
     pub topology: Topology,
@@ -69,21 +78,24 @@ pub struct World {
 impl World {
     /// Creates database `mailroom_bench_<id>` (migrated) and namespace `mr-bench-<id>`.
     pub async fn create(services: &Services, label: &str, pool_size: u32) -> anyhow::Result<World> {
+        World::create_on(services, Engine::Postgres, label, pool_size).await
+    }
+
+    /// [`World::create`] with the database on `engine`.
+    pub async fn create_on(
+        services: &Services,
+        engine: Engine,
+        label: &str,
+        pool_size: u32,
+    ) -> anyhow::Result<World> {
         let id = uuid::Uuid::new_v4().simple().to_string();
         let db_name = format!("mailroom_bench_{}", &id[..12]);
-        let mut admin = PgConnection::connect(&services.admin_db_url)
-            .await
-            .context("connecting to PostgreSQL (is it running? scripts/services)")?;
-        admin
-            .execute(sqlx::query(sqlx::AssertSqlSafe(format!(
-                r#"CREATE DATABASE "{db_name}""#
-            ))))
-            .await
-            .with_context(|| format!("creating database {db_name}"))?;
-        let _ = admin.close().await;
-        let mut url = url::Url::parse(&services.admin_db_url)?;
-        url.set_path(&db_name);
-        let db_url = url.to_string();
+        let db_url = match engine {
+            Engine::Postgres => create_pg_database(&services.admin_db_url, &db_name).await?,
+            Engine::MySql => {
+                crate::mysql::create_database(&services.mysql_admin_url, &db_name).await?
+            }
+        };
         let db = Database::connect_lazy(
             &db_url.parse::<SecretUrl>().map_err(anyhow::Error::msg)?,
             pool_size,
@@ -101,6 +113,8 @@ impl World {
         Ok(World {
             label: label.to_string(),
             db,
+            engine,
+            process_db_url: db_url.clone(),
             db_url,
             db_name,
             namespace,
@@ -160,11 +174,36 @@ impl World {
             }
         }
         let _ = self.conn.close(200, "bench done".into()).await;
-        if let Ok(mut admin) = PgConnection::connect(&self.services.admin_db_url).await {
-            let drop = format!(r#"DROP DATABASE IF EXISTS "{}" WITH (FORCE)"#, self.db_name);
-            let _ = admin.execute(sqlx::query(sqlx::AssertSqlSafe(drop))).await;
+        match self.engine {
+            Engine::Postgres => {
+                if let Ok(mut admin) = PgConnection::connect(&self.services.admin_db_url).await {
+                    let drop =
+                        format!(r#"DROP DATABASE IF EXISTS "{}" WITH (FORCE)"#, self.db_name);
+                    let _ = admin.execute(sqlx::query(sqlx::AssertSqlSafe(drop))).await;
+                }
+            }
+            Engine::MySql => {
+                crate::mysql::drop_database(&self.services.mysql_admin_url, &self.db_name).await
+            }
         }
     }
+}
+
+/// Creates PostgreSQL database `name`; returns its URL.
+async fn create_pg_database(admin_url: &str, name: &str) -> anyhow::Result<String> {
+    let mut admin = PgConnection::connect(admin_url)
+        .await
+        .context("connecting to PostgreSQL (is it running? scripts/services)")?;
+    admin
+        .execute(sqlx::query(sqlx::AssertSqlSafe(format!(
+            r#"CREATE DATABASE "{name}""#
+        ))))
+        .await
+        .with_context(|| format!("creating database {name}"))?;
+    let _ = admin.close().await;
+    let mut url = url::Url::parse(admin_url)?;
+    url.set_path(name);
+    Ok(url.to_string())
 }
 
 /// Offset of PostgreSQL's clock from this process's clock (`pg - local`), measured as the
