@@ -23,9 +23,19 @@ async fn sh(script: &str) {
     assert!(status.success(), "`{script}` failed: {status}");
 }
 
+/// SIGKILLs the processes named `name` (a pgrep pattern) and waits until they are gone (a
+/// supervisor such as mysqld_safe may start a new one meanwhile: that is not waited for).
+async fn kill_process(name: &str) {
+    sh(&format!(
+        "pids=$(pgrep -x '{name}'); [ -n \"$pids\" ]; kill -KILL $pids; \
+         for p in $pids; do while kill -0 $p 2>/dev/null; do sleep 0.1; done; done"
+    ))
+    .await;
+}
+
 /// SIGKILLs the broker's Erlang VM: no clean shutdown, no chance to flush anything.
 async fn kill_broker() {
-    sh("pkill -KILL -f beam.smp; while pgrep -f beam.smp >/dev/null; do sleep 0.1; done").await;
+    kill_process("beam.smp").await;
 }
 
 /// Crashes the suite's database server: PostgreSQL's immediate stop (every backend killed, WAL
@@ -36,11 +46,7 @@ async fn crash_database() {
             sh("pg_ctlcluster $(pg_lsclusters -h | awk 'NR==1 {print $1, $2}') stop -m immediate")
                 .await
         }
-        Engine::MySql => {
-            sh("pkill -KILL -x mariadbd || pkill -KILL -x mysqld; \
-                while pgrep -x 'mariadbd|mysqld' >/dev/null; do sleep 0.1; done")
-            .await
-        }
+        Engine::MySql => kill_process("mariadbd|mysqld").await,
     }
 }
 
