@@ -467,6 +467,26 @@ impl TestApp {
 
     /// Publishes any bytes, as anyone with access to the exchange could.
     pub async fn publish_raw(&self, routing_key: &str, message_id: &str, body: &[u8]) {
+        self.try_publish_raw(routing_key, message_id, body)
+            .await
+            .unwrap();
+    }
+
+    /// Publishes a job; `false` when the broker did not route it to a queue (or refused it).
+    pub async fn try_publish(&self, job: &Value) -> bool {
+        let kind = job["kind"].as_str().unwrap_or("unknown");
+        let id = job["job_id"].as_str().unwrap_or("?");
+        self.try_publish_raw(kind, id, job.to_string().as_bytes())
+            .await
+            .is_ok()
+    }
+
+    async fn try_publish_raw(
+        &self,
+        routing_key: &str,
+        message_id: &str,
+        body: &[u8],
+    ) -> Result<(), broker::PublishError> {
         let props = broker::job_properties(message_id, routing_key, 1);
         broker::publish_confirmed(
             &self.publisher,
@@ -476,7 +496,6 @@ impl TestApp {
             props,
         )
         .await
-        .unwrap();
     }
 
     pub async fn notification(&self, job_id: &str, kind: &str) -> Option<Notification> {

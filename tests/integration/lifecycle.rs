@@ -80,3 +80,54 @@ async fn closing_all_broker_connections_under_load_loses_and_duplicates_nothing(
     drop(app);
     vhost.delete().await;
 }
+
+#[tokio::test]
+async fn a_work_queue_deleted_under_a_running_worker_is_declared_again_and_consumed() {
+    let app = TestApp::spawn().await;
+    let worker = app.start_worker(&[]);
+    app.publish(&app.job("before-delete")).await;
+    app.smtp.wait_for(1).await;
+    // The broker cancels the consumer; the worker reconnects and declares its topology again.
+    app.delete_work_queue().await;
+    // Unroutable (and so refused: mandatory) until the queue and its binding are back.
+    let job = app.job("after-delete");
+    eventually("the work queue declared and bound again", || async {
+        app.try_publish(&job).await.then_some(())
+    })
+    .await;
+    app.smtp.wait_for(2).await;
+    worker.stop().await;
+    assert_eq!(
+        app.smtp.count(&app.message_id("after-delete", "welcome")),
+        1
+    );
+}
+
+#[tokio::test]
+async fn a_relay_whose_listener_backend_is_terminated_still_relays() {
+    if engine() != mailroom::db::Engine::Postgres {
+        return eprintln!("skipped: LISTEN/NOTIFY is PostgreSQL's");
+    }
+    let app = TestApp::spawn().await;
+    let worker = app.start_worker(&[]);
+    // A one-hour ceiling between probes: only notifications can bring these rows out in time.
+    let relay = app.start_relay(&["--relay-poll", "1h"]);
+    app.enqueue(&app.email_job("before-kill")).await.unwrap();
+    app.smtp.wait_for(1).await;
+    // An operator's or a failover's kill of the listening backend.
+    eventually("the listener's backend terminated", || async {
+        let killed = app
+            .count(
+                "SELECT count(*) FROM (SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+                 WHERE datname = current_database() AND query LIKE 'LISTEN%') AS t",
+            )
+            .await;
+        (killed >= 1).then_some(())
+    })
+    .await;
+    app.enqueue(&app.email_job("after-kill")).await.unwrap();
+    app.smtp.wait_for(2).await;
+    relay.stop().await;
+    worker.stop().await;
+    assert_eq!(app.smtp.count(&app.message_id("after-kill", "welcome")), 1);
+}
