@@ -171,6 +171,28 @@ impl OutboxBatch {
     }
 }
 
+/// The outbox columns of a job's status, as both engines read them.
+#[derive(sqlx::FromRow)]
+pub(super) struct OutboxRow {
+    created_at: chrono::DateTime<chrono::Utc>,
+    published_at: Option<chrono::DateTime<chrono::Utc>>,
+    publish_attempts: i32,
+    last_error: Option<String>,
+    parked_at: Option<chrono::DateTime<chrono::Utc>>,
+}
+
+impl From<OutboxRow> for OutboxStatus {
+    fn from(r: OutboxRow) -> OutboxStatus {
+        OutboxStatus {
+            created_at: r.created_at,
+            published_at: r.published_at,
+            publish_attempts: r.publish_attempts,
+            last_error: r.last_error,
+            parked: r.parked_at.is_some(),
+        }
+    }
+}
+
 /// The outbox side of a job's status.
 #[derive(Clone, Debug, PartialEq)]
 pub struct OutboxStatus {

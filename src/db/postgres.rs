@@ -7,7 +7,7 @@ use sqlx::{PgConnection, PgPool, Row};
 use uuid::Uuid;
 
 use super::notifications::{Claim, ClaimRequest, ExistingClaim, Notification, Record, Status};
-use super::outbox::{OutboxStatus, PendingRow};
+use super::outbox::{OutboxRow, OutboxStatus, PendingRow};
 
 /// Inserts a `sending` row with a lease, or takes over a row that may be retried. No row comes
 /// back when the claim is refused.
@@ -227,7 +227,7 @@ pub(super) async fn outbox_status(
     job_id: &str,
     kind: &str,
 ) -> Result<Option<OutboxStatus>, sqlx::Error> {
-    let row = sqlx::query(
+    let row: Option<OutboxRow> = sqlx::query_as(
         "SELECT created_at, published_at, publish_attempts, last_error, parked_at
          FROM mailroom_outbox WHERE job_id = $1 AND kind = $2",
     )
@@ -235,18 +235,7 @@ pub(super) async fn outbox_status(
     .bind(kind)
     .fetch_optional(pool)
     .await?;
-    row.map(|r| {
-        Ok(OutboxStatus {
-            created_at: r.try_get("created_at")?,
-            published_at: r.try_get("published_at")?,
-            publish_attempts: r.try_get("publish_attempts")?,
-            last_error: r.try_get("last_error")?,
-            parked: r
-                .try_get::<Option<chrono::DateTime<chrono::Utc>>, _>("parked_at")?
-                .is_some(),
-        })
-    })
-    .transpose()
+    Ok(row.map(OutboxStatus::from))
 }
 
 pub(super) async fn kinds_of_job(pool: &PgPool, job_id: &str) -> Result<Vec<String>, sqlx::Error> {
