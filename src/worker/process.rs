@@ -237,7 +237,7 @@ impl Worker {
                     let age = (chrono::Utc::now() - created).to_std().unwrap_or_default();
                     self.stats.end_to_end.observe(age);
                 }
-                tracing::info!(window = "accepted", reply, "SMTP accepted; recording sent");
+                tracing::info!(window = "accepted", "SMTP accepted; recording sent");
                 failpoint::hit_job("worker.after_smtp_ok", &job.job.job_id).await;
                 self.record_sent(job, token, &reply, templates.revision())
                     .await
@@ -300,7 +300,8 @@ impl Worker {
             .await;
         match result {
             Ok(true) => {
-                failpoint::hit("worker.after_record").await;
+                failpoint::hit_job("worker.after_record", &job.job.job_id).await;
+                let reply = mask_addresses(reply);
                 tracing::info!(window = "closed", reply, templates = revision, "sent");
                 Outcome::Ack { duplicate: false }
             }

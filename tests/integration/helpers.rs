@@ -856,6 +856,17 @@ impl TestApp {
         serde_json::from_value(self.job(job_id)).unwrap()
     }
 
+    /// Runs a worker and a relay until `(job_id, kind)` is recorded `sent`, then stops both:
+    /// the outbox path end to end, for tests that check what the SMTP server got afterwards.
+    pub async fn deliver_through_outbox(&self, job_id: &str, kind: &str) {
+        let worker = self.start_worker(&[]);
+        let relay = self.start_relay(&[]);
+        self.wait_for_row(job_id, kind, "row sent", |n| n.status.as_str() == "sent")
+            .await;
+        relay.stop().await;
+        worker.stop().await;
+    }
+
     /// Rows in the outbox not yet published.
     pub async fn unpublished(&self) -> i64 {
         self.count("SELECT count(*) FROM mailroom_outbox WHERE published_at IS NULL")

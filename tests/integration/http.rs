@@ -111,14 +111,7 @@ async fn the_same_idempotency_key_twice_sends_one_email() {
     assert_eq!(code, 202);
     assert_eq!(second["duplicate"], true);
 
-    let worker = app.start_worker(&[]);
-    let relay = app.start_relay(&[]);
-    app.wait_for_row("signup-77", "welcome", "row sent", |n| {
-        n.status.as_str() == "sent"
-    })
-    .await;
-    relay.stop().await;
-    worker.stop().await;
+    app.deliver_through_outbox("signup-77", "welcome").await;
     assert_eq!(app.smtp.received().len(), 1);
 }
 

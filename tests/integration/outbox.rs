@@ -67,14 +67,7 @@ async fn enqueueing_the_same_key_twice_is_a_no_op_and_sends_once() {
     let job = app.email_job("twice");
     assert!(matches!(app.enqueue(&job).await.unwrap(), Enqueued::New(_)));
     assert_eq!(app.enqueue(&job).await.unwrap(), Enqueued::AlreadyQueued);
-    let worker = app.start_worker(&[]);
-    let relay = app.start_relay(&[]);
-    app.wait_for_row("twice", "welcome", "row sent", |n| {
-        n.status.as_str() == "sent"
-    })
-    .await;
-    relay.stop().await;
-    worker.stop().await;
+    app.deliver_through_outbox("twice", "welcome").await;
     assert_eq!(app.smtp.received().len(), 1);
 }
 
