@@ -173,13 +173,6 @@ impl Worker {
                 after + LEASE_MARGIN,
                 "another worker holds the claim".into(),
             ),
-            // The claim was refused, then the row read as expired or uncertain: the lease ran
-            // out between the two statements (or another copy just recorded `uncertain`).
-            // Under `resend` that row is claimable: try again now instead of giving up.
-            Refusal::Uncertain if self.settings.on_uncertain == OnUncertain::Resend => self.retry(
-                Duration::ZERO,
-                "the claim raced with its lease expiring".into(),
-            ),
             Refusal::Uncertain => {
                 let reason = "a previous attempt may have been delivered (lease expired or reply lost); MAILROOM_ON_UNCERTAIN=dead-letter".to_string();
                 // An expired `sending` row becomes `uncertain`, so `status` tells the truth.
