@@ -138,6 +138,10 @@ pub struct WorkerArgs {
     /// Deliveries RabbitMQ sends ahead (basic.qos); at least --concurrency.
     #[arg(long, env = "MAILROOM_PREFETCH", default_value_t = 64)]
     pub prefetch: u16,
+    /// Claims and results of concurrent deliveries written together, at most this many per
+    /// statement and commit (group commit); 1 writes each on its own.
+    #[arg(long, env = "MAILROOM_LEDGER_GROUP", default_value_t = 64)]
+    pub ledger_group: usize,
     /// Concurrent SMTP sessions at most (lettre's pool does not bound them by itself).
     #[arg(long, env = "MAILROOM_SMTP_CONNECTIONS", default_value_t = 16)]
     pub smtp_connections: u32,
@@ -251,6 +255,7 @@ impl WorkerArgs {
             lease: self.lease,
             on_uncertain: self.on_uncertain,
             max_attempts: self.max_attempts.max(1),
+            ledger_group: self.ledger_group.max(1),
             shutdown_grace: self.shutdown_grace,
             name: format!("mailroom worker (pid {})", std::process::id()),
         };

@@ -32,6 +32,7 @@ use tracing::Instrument;
 use crate::broker::{self, Topology};
 use crate::config::{OnUncertain, UrlList};
 use crate::db::Database;
+use crate::db::group::{Ledger, LedgerStats};
 use crate::render::LiveTemplates;
 use crate::smtp::Mailer;
 
@@ -50,6 +51,8 @@ pub struct WorkerSettings {
     pub lease: Duration,
     pub on_uncertain: OnUncertain,
     pub max_attempts: i32,
+    /// Claims and records written per group commit at most; 1 writes each alone.
+    pub ledger_group: usize,
     pub shutdown_grace: Duration,
     /// Connection name shown by `rabbitmqctl list_connections`.
     pub name: String,
@@ -59,6 +62,8 @@ pub struct WorkerSettings {
 pub struct Worker {
     settings: WorkerSettings,
     db: Database,
+    /// Claims and records; grouped once `run` starts (the group writer is a task).
+    ledger: Ledger,
     templates: Arc<LiveTemplates>,
     mailer: Mailer,
     stats: Arc<Stats>,
@@ -74,6 +79,7 @@ impl Worker {
     ) -> Worker {
         Worker {
             settings,
+            ledger: Ledger::direct(db.clone()),
             db,
             templates,
             mailer,
@@ -92,8 +98,14 @@ impl Worker {
         self.stats.clone()
     }
 
+    /// The counters of the ledger's group commits.
+    pub fn ledger_stats(&self) -> Arc<LedgerStats> {
+        self.ledger.stats()
+    }
+
     /// Consumes until `shutdown` is cancelled, reconnecting as needed.
-    pub async fn run(self, shutdown: CancellationToken) -> anyhow::Result<()> {
+    pub async fn run(mut self, shutdown: CancellationToken) -> anyhow::Result<()> {
+        self.ledger = self.ledger.grouped(self.settings.ledger_group);
         let worker = Arc::new(self);
         let slots = Arc::new(Semaphore::new(worker.settings.concurrency.max(1)));
         let tracker = TaskTracker::new();

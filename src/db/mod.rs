@@ -7,6 +7,7 @@
 //! - `outbox`: the transactional outbox (`mailroom_outbox`): enqueue, and the relay's batches.
 //! - `postgres`, `mysql`: the statements of each engine.
 
+pub mod group;
 mod mysql;
 pub mod notifications;
 pub mod outbox;

@@ -326,3 +326,211 @@ pub(super) async fn kinds_of_job(
     .fetch_all(pool)
     .await
 }
+
+// ---- group commit (see `group.rs`) ----
+
+/// `(job_id = ? AND kind = ?) OR …` over `keys`, for the unique key's range scan.
+fn push_keys<'a>(
+    q: &mut QueryBuilder<sqlx::MySql>,
+    keys: impl Iterator<Item = (&'a str, &'a str)>,
+) {
+    let mut first = true;
+    for (job_id, kind) in keys {
+        q.push(if first { "(" } else { " OR (" });
+        first = false;
+        q.push("job_id = ")
+            .push_bind(job_id)
+            .push(" AND kind = ")
+            .push_bind(kind)
+            .push(")");
+    }
+}
+
+/// The claims and records of a group in one transaction, so one commit:
+/// 1. which of the claimed keys have a row already (a plain read);
+/// 2. one multi-row `INSERT` of the others (a key inserted meanwhile by another worker fails
+///    the group with 1062, and its writes are done one by one);
+/// 3. one guarded takeover `UPDATE … JOIN` of the existing rows, each with its own token;
+/// 4. one `UPDATE … JOIN` of the records, each guarded by its token;
+/// 5. a read of the rows whose outcome the counts do not tell (taken over or not, recorded or
+///    not): the token in the row says whose claim it is.
+pub(super) async fn write_group(
+    pool: &MySqlPool,
+    group: &super::group::Group,
+) -> Result<super::group::GroupResult, sqlx::Error> {
+    use std::collections::{HashMap, HashSet};
+    let lease = micros(group.lease);
+    let mut tx = pool.begin().await?;
+    let mut existing: HashSet<(String, String)> = HashSet::new();
+    if !group.claims.is_empty() {
+        let mut q = QueryBuilder::new("SELECT job_id, kind FROM sent_notifications WHERE ");
+        push_keys(
+            &mut q,
+            group
+                .claims
+                .iter()
+                .map(|c| (c.job_id.as_str(), c.kind.as_str())),
+        );
+        for row in q.build().fetch_all(&mut *tx).await? {
+            existing.insert((row.try_get("job_id")?, row.try_get("kind")?));
+        }
+    }
+    let is_new =
+        |c: &&super::group::ClaimItem| !existing.contains(&(c.job_id.clone(), c.kind.clone()));
+    let fresh: Vec<&super::group::ClaimItem> = group.claims.iter().filter(is_new).collect();
+    let old: Vec<&super::group::ClaimItem> = group.claims.iter().filter(|c| !is_new(c)).collect();
+    if !fresh.is_empty() {
+        let mut q = QueryBuilder::new(
+            "INSERT INTO sent_notifications \
+             (job_id, kind, status, attempts, lease_until, claim_token, message_id) ",
+        );
+        q.push_values(&fresh, |mut b, c| {
+            b.push_bind(c.job_id.as_str())
+                .push_bind(c.kind.as_str())
+                .push("'sending'")
+                .push("1")
+                .push("UTC_TIMESTAMP(6) + INTERVAL ")
+                .push_bind_unseparated(lease)
+                .push_unseparated(" MICROSECOND")
+                .push_bind(c.token)
+                .push_bind(c.message_id.as_str());
+        });
+        q.build().execute(&mut *tx).await?;
+    }
+    if !old.is_empty() {
+        let mut q = QueryBuilder::new("UPDATE sent_notifications n JOIN (");
+        for (i, c) in old.iter().enumerate() {
+            q.push(if i == 0 {
+                "SELECT "
+            } else {
+                " UNION ALL SELECT "
+            });
+            q.push_bind(c.job_id.as_str())
+                .push(" AS job_id, ")
+                .push_bind(c.kind.as_str())
+                .push(" AS kind, ")
+                .push_bind(c.token)
+                .push(" AS token");
+        }
+        q.push(
+            ") c ON n.job_id = c.job_id AND n.kind = c.kind \
+             SET n.status = 'sending', n.attempts = n.attempts + 1, \
+                 n.lease_until = UTC_TIMESTAMP(6) + INTERVAL ",
+        )
+        .push_bind(lease)
+        .push(
+            " MICROSECOND, n.claim_token = c.token, n.updated_at = UTC_TIMESTAMP(6) \
+             WHERE n.status = 'failed' \
+                OR (",
+        )
+        .push_bind(group.resend_uncertain)
+        .push(" AND n.status = 'sending' AND n.lease_until < UTC_TIMESTAMP(6)) OR (")
+        .push_bind(group.resend_uncertain)
+        .push(" AND n.status = 'uncertain')");
+        q.build().execute(&mut *tx).await?;
+    }
+    let mut all_recorded = true;
+    if !group.records.is_empty() {
+        let mut q = QueryBuilder::new("UPDATE sent_notifications n JOIN (");
+        for (i, r) in group.records.iter().enumerate() {
+            q.push(if i == 0 {
+                "SELECT "
+            } else {
+                " UNION ALL SELECT "
+            });
+            q.push_bind(r.job_id.as_str())
+                .push(" AS job_id, ")
+                .push_bind(r.kind.as_str())
+                .push(" AS kind, ")
+                .push_bind(r.token)
+                .push(" AS token, ")
+                .push_bind(r.status.as_str())
+                .push(" AS status, ")
+                .push_bind(r.smtp_reply.as_deref())
+                .push(" AS reply, ")
+                .push_bind(r.error.as_deref())
+                .push(" AS error, ")
+                .push_bind(r.class.as_deref())
+                .push(" AS class, ")
+                .push_bind(r.revision.as_deref())
+                .push(" AS revision");
+        }
+        // `sent_at` tests the bound status, not the column assigned before it.
+        q.push(
+            ") r ON n.job_id = r.job_id AND n.kind = r.kind AND n.claim_token = r.token \
+             SET n.status = r.status, \
+                 n.smtp_reply = COALESCE(r.reply, n.smtp_reply), \
+                 n.last_error = r.error, \
+                 n.error_class = r.class, \
+                 n.template_revision = COALESCE(r.revision, n.template_revision), \
+                 n.lease_until = NULL, \
+                 n.sent_at = CASE WHEN r.status = 'sent' THEN UTC_TIMESTAMP(6) ELSE n.sent_at END, \
+                 n.updated_at = UTC_TIMESTAMP(6)",
+        );
+        // CLIENT_FOUND_ROWS: each record matches at most its one row, by token.
+        let done = q.build().execute(&mut *tx).await?;
+        all_recorded = done.rows_affected() == group.records.len() as u64;
+    }
+    let mut rows: HashMap<(String, String), (Option<Uuid>, ExistingClaim)> = HashMap::new();
+    let unknown_records = group.records.iter().filter(|_| !all_recorded);
+    let to_read: Vec<(&str, &str)> = old
+        .iter()
+        .map(|c| (c.job_id.as_str(), c.kind.as_str()))
+        .chain(unknown_records.map(|r| (r.job_id.as_str(), r.kind.as_str())))
+        .collect();
+    if !to_read.is_empty() {
+        let mut q = QueryBuilder::new(
+            "SELECT job_id, kind, status, attempts, claim_token, error_class, last_error, \
+             CASE WHEN lease_until > UTC_TIMESTAMP(6) \
+                  THEN TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), lease_until) END AS lease_left_us \
+             FROM sent_notifications WHERE ",
+        );
+        push_keys(&mut q, to_read.into_iter());
+        for row in q.build().fetch_all(&mut *tx).await? {
+            let key = (row.try_get("job_id")?, row.try_get("kind")?);
+            rows.insert(key, (row.try_get("claim_token")?, existing_claim(&row)?));
+        }
+    }
+    tx.commit().await?;
+    let claims = group
+        .claims
+        .iter()
+        .map(|c| match rows.get(&(c.job_id.clone(), c.kind.clone())) {
+            None if !existing.contains(&(c.job_id.clone(), c.kind.clone())) => Claim::Claimed {
+                attempt: 1,
+                token: c.token,
+            },
+            Some((holder, row)) if *holder == Some(c.token) => Claim::Claimed {
+                attempt: row.attempts,
+                token: c.token,
+            },
+            Some((_, row)) => Claim::Refused(Some(row.clone())),
+            // Deleted between the read and the takeover (retention).
+            None => Claim::Refused(None),
+        })
+        .collect();
+    // A record whose row still holds its token was written (the record keeps the token).
+    let records = group
+        .records
+        .iter()
+        .map(|r| {
+            all_recorded
+                || rows
+                    .get(&(r.job_id.clone(), r.kind.clone()))
+                    .is_some_and(|(holder, _)| *holder == Some(r.token))
+        })
+        .collect();
+    Ok(super::group::GroupResult { claims, records })
+}
+
+fn existing_claim(row: &sqlx::mysql::MySqlRow) -> Result<ExistingClaim, sqlx::Error> {
+    Ok(ExistingClaim {
+        status: parse_status(row.try_get("status")?)?,
+        attempts: row.try_get("attempts")?,
+        lease_remaining: row
+            .try_get::<Option<i64>, _>("lease_left_us")?
+            .map(|us| Duration::from_micros(us.max(0) as u64)),
+        error_class: row.try_get("error_class")?,
+        last_error: row.try_get("last_error")?,
+    })
+}

@@ -54,17 +54,7 @@ pub(super) async fn claim(pool: &PgPool, req: &ClaimRequest<'_>) -> Result<Claim
         .bind(req.kind)
         .fetch_optional(pool)
         .await?
-        .map(|row| -> Result<ExistingClaim, sqlx::Error> {
-            Ok(ExistingClaim {
-                status: parse_status(row.try_get("status")?)?,
-                attempts: row.try_get("attempts")?,
-                lease_remaining: row
-                    .try_get::<Option<f64>, _>("lease_left")?
-                    .map(|s| Duration::from_secs_f64(s.max(0.0))),
-                error_class: row.try_get("error_class")?,
-                last_error: row.try_get("last_error")?,
-            })
-        })
+        .map(|row| existing_claim(&row))
         .transpose()?;
     Ok(Claim::Refused(existing))
 }
@@ -262,4 +252,147 @@ pub(super) async fn oldest_unpublished_age(pool: &PgPool) -> Result<Option<f64>,
 fn parse_status(text: String) -> Result<Status, sqlx::Error> {
     Status::parse(&text)
         .ok_or_else(|| sqlx::Error::Decode(format!("unknown status {text:?}").into()))
+}
+
+// ---- group commit (see `group.rs`) ----
+
+/// The claims and records of a group in one statement, so one commit. The two CTEs touch
+/// different keys (a group holds each key once). Claims insert in key order, so two groups
+/// lock rows in the same order.
+const WRITE_GROUP: &str = "
+WITH claimed AS (
+    INSERT INTO sent_notifications AS n
+        (job_id, kind, status, attempts, lease_until, claim_token, message_id)
+    SELECT c.job_id, c.kind, 'sending', 1, now() + make_interval(secs => $5), c.token, c.message_id
+    FROM unnest($1::text[], $2::text[], $3::uuid[], $4::text[]) AS c(job_id, kind, token, message_id)
+    ORDER BY c.job_id, c.kind
+    ON CONFLICT (job_id, kind) DO UPDATE
+    SET status = 'sending',
+        attempts = n.attempts + 1,
+        lease_until = EXCLUDED.lease_until,
+        claim_token = EXCLUDED.claim_token,
+        updated_at = now()
+    WHERE n.status = 'failed'
+       OR ($6 AND n.status = 'sending' AND n.lease_until < now())
+       OR ($6 AND n.status = 'uncertain')
+    RETURNING n.job_id, n.kind, n.attempts
+), recorded AS (
+    UPDATE sent_notifications AS n
+    SET status = r.status,
+        smtp_reply = COALESCE(r.reply, n.smtp_reply),
+        last_error = r.error,
+        error_class = r.class,
+        template_revision = COALESCE(r.revision, n.template_revision),
+        lease_until = NULL,
+        sent_at = CASE WHEN r.status = 'sent' THEN now() ELSE n.sent_at END,
+        updated_at = now()
+    FROM unnest($7::text[], $8::text[], $9::uuid[], $10::text[], $11::text[], $12::text[],
+                $13::text[], $14::text[])
+         AS r(job_id, kind, token, status, reply, error, class, revision)
+    WHERE n.job_id = r.job_id AND n.kind = r.kind AND n.claim_token = r.token
+    RETURNING n.job_id, n.kind
+)
+SELECT true AS claim, job_id, kind, attempts FROM claimed
+UNION ALL
+SELECT false, job_id, kind, NULL FROM recorded";
+
+/// The rows that refused some of a group's claims, read after the group's statement.
+const READ_CLAIMS: &str = "
+SELECT n.job_id, n.kind, status, attempts, error_class, last_error,
+       CASE WHEN lease_until > now()
+            THEN EXTRACT(EPOCH FROM (lease_until - now()))::float8 END AS lease_left
+FROM sent_notifications n
+JOIN unnest($1::text[], $2::text[]) AS k(job_id, kind)
+  ON n.job_id = k.job_id AND n.kind = k.kind";
+
+pub(super) async fn write_group(
+    pool: &PgPool,
+    group: &super::group::Group,
+) -> Result<super::group::GroupResult, sqlx::Error> {
+    use std::collections::{HashMap, HashSet};
+    let c = &group.claims;
+    let r = &group.records;
+    let rows = sqlx::query(WRITE_GROUP)
+        .bind(c.iter().map(|c| c.job_id.as_str()).collect::<Vec<_>>())
+        .bind(c.iter().map(|c| c.kind.as_str()).collect::<Vec<_>>())
+        .bind(c.iter().map(|c| c.token).collect::<Vec<_>>())
+        .bind(c.iter().map(|c| c.message_id.as_str()).collect::<Vec<_>>())
+        .bind(group.lease.as_secs_f64())
+        .bind(group.resend_uncertain)
+        .bind(r.iter().map(|r| r.job_id.as_str()).collect::<Vec<_>>())
+        .bind(r.iter().map(|r| r.kind.as_str()).collect::<Vec<_>>())
+        .bind(r.iter().map(|r| r.token).collect::<Vec<_>>())
+        .bind(r.iter().map(|r| r.status.as_str()).collect::<Vec<_>>())
+        .bind(
+            r.iter()
+                .map(|r| r.smtp_reply.as_deref())
+                .collect::<Vec<_>>(),
+        )
+        .bind(r.iter().map(|r| r.error.as_deref()).collect::<Vec<_>>())
+        .bind(r.iter().map(|r| r.class.as_deref()).collect::<Vec<_>>())
+        .bind(r.iter().map(|r| r.revision.as_deref()).collect::<Vec<_>>())
+        .fetch_all(pool)
+        .await?;
+    let mut claimed: HashMap<(String, String), i32> = HashMap::new();
+    let mut recorded: HashSet<(String, String)> = HashSet::new();
+    for row in rows {
+        let key = (row.try_get("job_id")?, row.try_get("kind")?);
+        if row.try_get("claim")? {
+            claimed.insert(key, row.try_get("attempts")?);
+        } else {
+            recorded.insert(key);
+        }
+    }
+    let refused: Vec<&super::group::ClaimItem> = c
+        .iter()
+        .filter(|c| !claimed.contains_key(&(c.job_id.clone(), c.kind.clone())))
+        .collect();
+    let mut existing: HashMap<(String, String), ExistingClaim> = HashMap::new();
+    if !refused.is_empty() {
+        // A fresh statement sees the rows that refused us, as in `claim`.
+        let rows = sqlx::query(READ_CLAIMS)
+            .bind(
+                refused
+                    .iter()
+                    .map(|c| c.job_id.as_str())
+                    .collect::<Vec<_>>(),
+            )
+            .bind(refused.iter().map(|c| c.kind.as_str()).collect::<Vec<_>>())
+            .fetch_all(pool)
+            .await?;
+        for row in rows {
+            let key = (row.try_get("job_id")?, row.try_get("kind")?);
+            existing.insert(key, existing_claim(&row)?);
+        }
+    }
+    let claims = c
+        .iter()
+        .map(|c| {
+            let key = (c.job_id.clone(), c.kind.clone());
+            match claimed.get(&key) {
+                Some(&attempt) => Claim::Claimed {
+                    attempt,
+                    token: c.token,
+                },
+                None => Claim::Refused(existing.remove(&key)),
+            }
+        })
+        .collect();
+    let records = r
+        .iter()
+        .map(|r| recorded.contains(&(r.job_id.clone(), r.kind.clone())))
+        .collect();
+    Ok(super::group::GroupResult { claims, records })
+}
+
+fn existing_claim(row: &sqlx::postgres::PgRow) -> Result<ExistingClaim, sqlx::Error> {
+    Ok(ExistingClaim {
+        status: parse_status(row.try_get("status")?)?,
+        attempts: row.try_get("attempts")?,
+        lease_remaining: row
+            .try_get::<Option<f64>, _>("lease_left")?
+            .map(|s| Duration::from_secs_f64(s.max(0.0))),
+        error_class: row.try_get("error_class")?,
+        last_error: row.try_get("last_error")?,
+    })
 }

@@ -119,7 +119,7 @@ impl Worker {
                 .is_some_and(|n| n > 0),
         };
         let replay = request.replay;
-        let claim = match self.db.claim(&request).await {
+        let claim = match self.ledger.claim(&request).await {
             Ok(claim) => claim,
             Err(e) => return self.retry(Duration::ZERO, format!("database unavailable: {e}")),
         };
@@ -287,7 +287,7 @@ impl Worker {
             .with_max_delay(Duration::from_secs(5))
             .with_total_delay(Some(self.settings.lease / 2))
             .without_max_times();
-        let result = (|| self.db.record_with_revision(&record, Some(revision)))
+        let result = (|| self.ledger.record(&record, Some(revision)))
             .retry(policy)
             .notify(|e, wait| tracing::warn!(error = %e, retry_in = ?wait, "cannot record sent; retrying"))
             .await;
@@ -357,7 +357,7 @@ impl Worker {
     /// Records a failure once; if the database is down the row keeps its lease, which expires
     /// and lets the next claim take over, so nothing is lost by not insisting.
     async fn record_once(&self, record: &Record<'_>) {
-        if let Err(e) = self.db.record(record).await {
+        if let Err(e) = self.ledger.record(record, None).await {
             tracing::warn!(error = %e, status = %record.status, "cannot record the result");
         }
     }

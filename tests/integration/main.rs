@@ -17,6 +17,7 @@ mod failures;
 mod hostile;
 mod http;
 mod http_dlq;
+mod ledger;
 mod lifecycle;
 mod live_templates;
 mod metrics;

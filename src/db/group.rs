@@ -1,0 +1,407 @@
+//! Group commit for the claim ledger. A worker has many deliveries in flight; each needs a claim
+//! before it sends and a record after. Written one by one, every claim and every record is a
+//! statement and a commit of its own, and at full load the commits are what the database spends
+//! its time on. The [`Ledger`] queues the writes of concurrent deliveries and writes whatever
+//! is waiting as one group: one statement on PostgreSQL (data-modifying CTEs), one transaction
+//! on MySQL, and one commit either way. A delivery gets its answer only after that commit, so
+//! it never sends on a claim, or acks on a record, that is not durable.
+//!
+//! Nothing waits for a group to fill: the first write goes at once, and whatever arrives while
+//! a group is being written goes in the next one. At low load groups are single writes; under
+//! load they grow by themselves.
+//!
+//! A group holds each `(job_id, kind)` once (a second write of the same key waits for the next
+//! group), so no statement touches a row twice. If a group fails on a statement error (a
+//! deadlock between two workers' groups over a duplicate delivery, a key inserted concurrently
+//! on MySQL), each of its writes is done again on its own; a connection error is every write's.
+//! Replays and records without a claim token are rare and always go alone.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use tokio::sync::{mpsc, oneshot};
+use uuid::Uuid;
+
+use super::Database;
+use super::notifications::{Claim, ClaimRequest, Record, Status};
+
+/// The error of a write; shared, because a group's connection error is every member's.
+pub type LedgerError = Arc<sqlx::Error>;
+
+/// A claim in a group: the claim of [`ClaimRequest`] with the token it will hold.
+#[derive(Clone, Debug)]
+pub struct ClaimItem {
+    pub job_id: String,
+    pub kind: String,
+    pub message_id: String,
+    pub token: Uuid,
+}
+
+/// A record in a group: always by the holder of the claim (`token`).
+#[derive(Clone, Debug)]
+pub struct RecordItem {
+    pub job_id: String,
+    pub kind: String,
+    pub token: Uuid,
+    pub status: Status,
+    pub smtp_reply: Option<String>,
+    pub error: Option<String>,
+    pub class: Option<String>,
+    pub revision: Option<String>,
+}
+
+/// One group: claims sharing a lease and policy, and records; every key at most once.
+#[derive(Debug, Default)]
+pub struct Group {
+    pub lease: Duration,
+    pub resend_uncertain: bool,
+    pub claims: Vec<ClaimItem>,
+    pub records: Vec<RecordItem>,
+}
+
+/// The answers of a group, in the order of its claims and records.
+#[derive(Debug, PartialEq)]
+pub struct GroupResult {
+    pub claims: Vec<Claim>,
+    pub records: Vec<bool>,
+}
+
+impl Group {
+    /// Claims and records in key order, so that two groups lock rows in the same order.
+    pub(super) fn sort(&mut self) {
+        self.claims
+            .sort_by(|a, b| (&a.job_id, &a.kind).cmp(&(&b.job_id, &b.kind)));
+        self.records
+            .sort_by(|a, b| (&a.job_id, &a.kind).cmp(&(&b.job_id, &b.kind)));
+    }
+}
+
+impl Database {
+    /// Writes a group of claims and records with one commit.
+    pub async fn write_group(&self, group: &Group) -> Result<GroupResult, sqlx::Error> {
+        match self {
+            Database::Postgres(pool) => super::postgres::write_group(pool, group).await,
+            Database::MySql(pool) => super::mysql::write_group(pool, group).await,
+        }
+    }
+}
+
+/// Counters of the ledger's groups, for `/metrics` and the benchmark.
+#[derive(Debug, Default)]
+pub struct LedgerStats {
+    /// Groups written.
+    pub groups: AtomicU64,
+    /// Claims and records written in groups.
+    pub writes: AtomicU64,
+    /// Groups that failed on a statement and were written one by one.
+    pub split: AtomicU64,
+}
+
+/// The claim ledger as the worker uses it: claims and records, grouped when `max_group > 1`.
+#[derive(Clone, Debug)]
+pub struct Ledger {
+    db: Database,
+    queue: Option<mpsc::Sender<Op>>,
+    stats: Arc<LedgerStats>,
+}
+
+#[derive(Debug)]
+enum Op {
+    Claim {
+        item: ClaimItem,
+        lease: Duration,
+        resend_uncertain: bool,
+        reply: oneshot::Sender<Result<Claim, LedgerError>>,
+    },
+    Record {
+        item: RecordItem,
+        reply: oneshot::Sender<Result<bool, LedgerError>>,
+    },
+}
+
+impl Op {
+    fn key(&self) -> (&str, &str) {
+        match self {
+            Op::Claim { item, .. } => (&item.job_id, &item.kind),
+            Op::Record { item, .. } => (&item.job_id, &item.kind),
+        }
+    }
+}
+
+impl Ledger {
+    /// A ledger writing each claim and record on its own.
+    pub fn direct(db: Database) -> Ledger {
+        Ledger {
+            db,
+            queue: None,
+            stats: Arc::default(),
+        }
+    }
+
+    /// This ledger writing groups of at most `max_group` writes (1: each on its own). Spawns
+    /// the group writer on the current runtime; it ends when the last clone is dropped.
+    pub fn grouped(self, max_group: usize) -> Ledger {
+        let Ledger { db, stats, .. } = self;
+        let queue = (max_group > 1).then(|| {
+            let (tx, rx) = mpsc::channel(max_group * 4);
+            tokio::spawn(write_groups(db.clone(), rx, max_group, stats.clone()));
+            tx
+        });
+        Ledger { db, queue, stats }
+    }
+
+    pub fn database(&self) -> &Database {
+        &self.db
+    }
+
+    pub fn stats(&self) -> Arc<LedgerStats> {
+        self.stats.clone()
+    }
+
+    /// Claims `(job_id, kind)`; the answer comes after the claim is committed.
+    pub async fn claim(&self, req: &ClaimRequest<'_>) -> Result<Claim, LedgerError> {
+        let Some(queue) = self.queue.as_ref().filter(|_| !req.replay) else {
+            return self.db.claim(req).await.map_err(Arc::new);
+        };
+        let (reply, answer) = oneshot::channel();
+        let op = Op::Claim {
+            item: ClaimItem {
+                job_id: req.job_id.to_owned(),
+                kind: req.kind.to_owned(),
+                message_id: req.message_id.to_owned(),
+                token: Uuid::new_v4(),
+            },
+            lease: req.lease,
+            resend_uncertain: req.resend_uncertain,
+            reply,
+        };
+        match queue.send(op).await {
+            Ok(()) => match answer.await {
+                Ok(result) => result,
+                Err(_) => Err(Arc::new(writer_gone())),
+            },
+            // The writer is gone (runtime shutting down): write alone.
+            Err(_) => self.db.claim(req).await.map_err(Arc::new),
+        }
+    }
+
+    /// Records a result (with the template revision of a sent email); false when the claim is
+    /// no longer ours. The answer comes after the record is committed.
+    pub async fn record(
+        &self,
+        record: &Record<'_>,
+        revision: Option<&str>,
+    ) -> Result<bool, LedgerError> {
+        let (Some(queue), Some(token)) = (self.queue.as_ref(), record.token) else {
+            return self
+                .db
+                .record_with_revision(record, revision)
+                .await
+                .map_err(Arc::new);
+        };
+        let (reply, answer) = oneshot::channel();
+        let op = Op::Record {
+            item: RecordItem {
+                job_id: record.job_id.to_owned(),
+                kind: record.kind.to_owned(),
+                token,
+                status: record.status,
+                smtp_reply: record.smtp_reply.map(str::to_owned),
+                error: record.error.map(str::to_owned),
+                class: record.class.map(str::to_owned),
+                revision: revision.map(str::to_owned),
+            },
+            reply,
+        };
+        match queue.send(op).await {
+            Ok(()) => match answer.await {
+                Ok(result) => result,
+                Err(_) => Err(Arc::new(writer_gone())),
+            },
+            Err(_) => self
+                .db
+                .record_with_revision(record, revision)
+                .await
+                .map_err(Arc::new),
+        }
+    }
+}
+
+fn writer_gone() -> sqlx::Error {
+    sqlx::Error::WorkerCrashed
+}
+
+/// The group writer: takes what is waiting (up to `max`), writes it, answers, repeats.
+async fn write_groups(
+    db: Database,
+    mut queue: mpsc::Receiver<Op>,
+    max: usize,
+    stats: Arc<LedgerStats>,
+) {
+    // Writes that could not join the last group (same key as a member, another lease).
+    let mut waiting: VecDeque<Op> = VecDeque::new();
+    loop {
+        let mut members: Vec<Op> = Vec::new();
+        let mut keys: HashSet<(String, String)> = HashSet::new();
+        let mut policy: Option<(Duration, bool)> = None;
+        let mut next: VecDeque<Op> = VecDeque::new();
+        let mut admit = |op: Op, members: &mut Vec<Op>, next: &mut VecDeque<Op>| {
+            let (job_id, kind) = op.key();
+            let key = (job_id.to_owned(), kind.to_owned());
+            let fits = match &op {
+                Op::Claim {
+                    lease,
+                    resend_uncertain,
+                    ..
+                } => {
+                    *policy.get_or_insert((*lease, *resend_uncertain))
+                        == (*lease, *resend_uncertain)
+                }
+                Op::Record { .. } => true,
+            };
+            if members.len() < max && fits && !keys.contains(&key) {
+                keys.insert(key);
+                members.push(op);
+            } else {
+                next.push_back(op);
+            }
+        };
+        for op in waiting.drain(..) {
+            admit(op, &mut members, &mut next);
+        }
+        if members.is_empty() {
+            match queue.recv().await {
+                Some(op) => admit(op, &mut members, &mut next),
+                None => return,
+            }
+        }
+        while members.len() < max {
+            match queue.try_recv() {
+                Ok(op) => admit(op, &mut members, &mut next),
+                Err(_) => break,
+            }
+        }
+        waiting = next;
+        write(&db, members, &stats).await;
+    }
+}
+
+/// Writes one group and answers its members.
+async fn write(db: &Database, members: Vec<Op>, stats: &LedgerStats) {
+    let mut group = Group::default();
+    for op in &members {
+        match op {
+            Op::Claim {
+                item,
+                lease,
+                resend_uncertain,
+                ..
+            } => {
+                group.lease = *lease;
+                group.resend_uncertain = *resend_uncertain;
+                group.claims.push(item.clone());
+            }
+            Op::Record { item, .. } => group.records.push(item.clone()),
+        }
+    }
+    stats.groups.fetch_add(1, Ordering::Relaxed);
+    stats
+        .writes
+        .fetch_add(members.len() as u64, Ordering::Relaxed);
+    group.sort();
+    match db.write_group(&group).await {
+        Ok(result) => answer(&group, result, members),
+        Err(e @ sqlx::Error::Database(_)) if members.len() > 1 => {
+            // A statement failed (a deadlock with another worker's group, a key inserted
+            // meanwhile): each write on its own, at once, so none waits behind another.
+            stats.split.fetch_add(1, Ordering::Relaxed);
+            tracing::debug!(error = %e, size = members.len(), "group write failed; writing its members one by one");
+            let alone = members.into_iter().map(|op| write_alone(db, op));
+            futures_util::future::join_all(alone).await;
+        }
+        Err(e) => {
+            let e = Arc::new(e);
+            for op in members {
+                match op {
+                    Op::Claim { reply, .. } => {
+                        let _ = reply.send(Err(e.clone()));
+                    }
+                    Op::Record { reply, .. } => {
+                        let _ = reply.send(Err(e.clone()));
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn answer(group: &Group, result: GroupResult, members: Vec<Op>) {
+    let claims: HashMap<(&str, &str), &Claim> = group
+        .claims
+        .iter()
+        .zip(&result.claims)
+        .map(|(c, r)| ((c.job_id.as_str(), c.kind.as_str()), r))
+        .collect();
+    let records: HashMap<(&str, &str), bool> = group
+        .records
+        .iter()
+        .zip(&result.records)
+        .map(|(c, r)| ((c.job_id.as_str(), c.kind.as_str()), *r))
+        .collect();
+    for op in members {
+        match op {
+            Op::Claim { item, reply, .. } => {
+                let key = (item.job_id.as_str(), item.kind.as_str());
+                let claim = claims.get(&key).map(|c| (*c).clone());
+                let _ = reply.send(claim.ok_or_else(|| Arc::new(missing_answer())));
+            }
+            Op::Record { item, reply } => {
+                let key = (item.job_id.as_str(), item.kind.as_str());
+                let recorded = records.get(&key).copied();
+                let _ = reply.send(recorded.ok_or_else(|| Arc::new(missing_answer())));
+            }
+        }
+    }
+}
+
+fn missing_answer() -> sqlx::Error {
+    sqlx::Error::Protocol("the group write returned no answer for a member".into())
+}
+
+async fn write_alone(db: &Database, op: Op) {
+    match op {
+        Op::Claim {
+            item,
+            lease,
+            resend_uncertain,
+            reply,
+        } => {
+            let req = ClaimRequest {
+                job_id: &item.job_id,
+                kind: &item.kind,
+                message_id: &item.message_id,
+                lease,
+                resend_uncertain,
+                replay: false,
+            };
+            let _ = reply.send(db.claim(&req).await.map_err(Arc::new));
+        }
+        Op::Record { item, reply } => {
+            let record = Record {
+                job_id: &item.job_id,
+                kind: &item.kind,
+                token: Some(item.token),
+                status: item.status,
+                smtp_reply: item.smtp_reply.as_deref(),
+                error: item.error.as_deref(),
+                class: item.class.as_deref(),
+            };
+            let result = db
+                .record_with_revision(&record, item.revision.as_deref())
+                .await;
+            let _ = reply.send(result.map_err(Arc::new));
+        }
+    }
+}

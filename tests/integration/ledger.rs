@@ -1,0 +1,294 @@
+//! The claim ledger's group commit, against the real database of the engine under test: a group
+//! must answer every claim and record exactly as the one-by-one statements do, and concurrent
+//! deliveries of one job must still get one claim between them.
+
+use std::time::Duration;
+
+use mailroom::db::group::{ClaimItem, Group, Ledger, RecordItem};
+use mailroom::db::notifications::{Claim, ClaimRequest, Record};
+use mailroom::db::{Database, Status};
+use uuid::Uuid;
+
+use crate::helpers::TestApp;
+
+const KIND: &str = "welcome";
+const LEASE: Duration = Duration::from_secs(60);
+
+/// The states a row can be in when a claim arrives; `None` is no row at all.
+const STATES: [&str; 7] = [
+    "fresh",
+    "failed",
+    "sending-live",
+    "sending-expired",
+    "sent",
+    "dead",
+    "uncertain",
+];
+
+fn request<'a>(job_id: &'a str, lease: Duration, resend: bool) -> ClaimRequest<'a> {
+    ClaimRequest {
+        job_id,
+        kind: KIND,
+        message_id: "<ledger@mailroom.test>",
+        lease,
+        resend_uncertain: resend,
+        replay: false,
+    }
+}
+
+/// Puts `job_id` in `state` through the one-by-one statements.
+async fn prepare(db: &Database, job_id: &str, state: &str) {
+    if state == "fresh" {
+        return;
+    }
+    let lease = if state == "sending-expired" {
+        Duration::ZERO
+    } else {
+        LEASE
+    };
+    let Claim::Claimed { token, .. } = db.claim(&request(job_id, lease, true)).await.unwrap()
+    else {
+        panic!("a fresh claim of {job_id} was refused");
+    };
+    let (status, class) = match state {
+        "sending-live" | "sending-expired" => return,
+        "failed" => (Status::Failed, None),
+        "sent" => (Status::Sent, None),
+        "dead" => (Status::Dead, Some("rejected")),
+        "uncertain" => (Status::Uncertain, Some("uncertain")),
+        other => panic!("unknown state {other}"),
+    };
+    let record = Record {
+        job_id,
+        kind: KIND,
+        token: Some(token),
+        status,
+        smtp_reply: None,
+        error: Some("prepared"),
+        class,
+    };
+    assert!(db.record(&record).await.unwrap());
+}
+
+/// A claim's answer without its random token, and the lease rounded to "some"/"none".
+fn shape(claim: &Claim) -> String {
+    match claim {
+        Claim::Claimed { attempt, .. } => format!("claimed attempt {attempt}"),
+        Claim::Refused(None) => "refused, no row".into(),
+        Claim::Refused(Some(e)) => format!(
+            "refused by {} after {} attempts, lease {}, class {:?}",
+            e.status,
+            e.attempts,
+            if e.lease_remaining.is_some() {
+                "live"
+            } else {
+                "none"
+            },
+            e.error_class
+        ),
+    }
+}
+
+async fn row_shape(db: &Database, job_id: &str) -> String {
+    match db.notification(job_id, KIND).await.unwrap() {
+        None => "no row".into(),
+        Some(n) => format!(
+            "{} attempts={} reply={:?} error={:?} revision={:?} sent_at={}",
+            n.status,
+            n.attempts,
+            n.smtp_reply,
+            n.last_error,
+            n.template_revision,
+            n.sent_at.is_some()
+        ),
+    }
+}
+
+#[tokio::test]
+async fn a_group_answers_each_claim_and_record_as_the_single_statements_do() {
+    let app = TestApp::spawn().await;
+    let db = &app.db;
+    for resend in [true, false] {
+        let tag = if resend { "resend" } else { "dead-letter" };
+        for state in STATES {
+            prepare(db, &format!("single-{tag}-{state}"), state).await;
+            prepare(db, &format!("group-{tag}-{state}"), state).await;
+        }
+        // `sending-expired` needs its zero lease to be in the past by the database's clock.
+        tokio::time::sleep(Duration::from_millis(20)).await;
+
+        // Two held claims whose results are recorded: one by its holder, one with a stale token.
+        let mut held = Vec::new();
+        for who in ["single", "group"] {
+            for which in ["holder", "stale"] {
+                let job_id = format!("{who}-{tag}-record-{which}");
+                let Claim::Claimed { token, .. } =
+                    db.claim(&request(&job_id, LEASE, resend)).await.unwrap()
+                else {
+                    panic!("fresh claim refused");
+                };
+                let token = if which == "holder" {
+                    token
+                } else {
+                    Uuid::new_v4()
+                };
+                held.push((job_id, token));
+            }
+        }
+
+        let mut single_claims = Vec::new();
+        for state in STATES {
+            let job_id = format!("single-{tag}-{state}");
+            single_claims.push(db.claim(&request(&job_id, LEASE, resend)).await.unwrap());
+        }
+        let mut single_records = Vec::new();
+        for (job_id, token) in held.iter().filter(|(j, _)| j.starts_with("single")) {
+            let record = Record {
+                job_id,
+                kind: KIND,
+                token: Some(*token),
+                status: Status::Sent,
+                smtp_reply: Some("250 2.0.0 queued"),
+                error: None,
+                class: None,
+            };
+            single_records.push(
+                db.record_with_revision(&record, Some("rev1"))
+                    .await
+                    .unwrap(),
+            );
+        }
+
+        let group = Group {
+            lease: LEASE,
+            resend_uncertain: resend,
+            claims: STATES
+                .iter()
+                .map(|state| ClaimItem {
+                    job_id: format!("group-{tag}-{state}"),
+                    kind: KIND.into(),
+                    message_id: "<ledger@mailroom.test>".into(),
+                    token: Uuid::new_v4(),
+                })
+                .collect(),
+            records: held
+                .iter()
+                .filter(|(j, _)| j.starts_with("group"))
+                .map(|(job_id, token)| RecordItem {
+                    job_id: job_id.clone(),
+                    kind: KIND.into(),
+                    token: *token,
+                    status: Status::Sent,
+                    smtp_reply: Some("250 2.0.0 queued".into()),
+                    error: None,
+                    class: None,
+                    revision: Some("rev1".into()),
+                })
+                .collect(),
+        };
+        let result = db.write_group(&group).await.unwrap();
+
+        assert_eq!(result.claims.len(), STATES.len());
+        for ((state, single), grouped) in STATES.iter().zip(&single_claims).zip(&result.claims) {
+            assert_eq!(
+                shape(grouped),
+                shape(single),
+                "claim of a {state} row with on-uncertain={tag}"
+            );
+            if let Claim::Claimed { token, .. } = grouped {
+                let item = group.claims.iter().find(|c| c.job_id.ends_with(state));
+                assert_eq!(
+                    Some(*token),
+                    item.map(|c| c.token),
+                    "the group's token holds"
+                );
+            }
+        }
+        assert_eq!(
+            result.records, single_records,
+            "records with on-uncertain={tag}"
+        );
+        assert_eq!(result.records, vec![true, false], "holder and stale token");
+
+        let mut keys: Vec<String> = STATES.iter().map(|s| s.to_string()).collect();
+        keys.extend(["record-holder".into(), "record-stale".into()]);
+        for key in keys {
+            assert_eq!(
+                row_shape(db, &format!("group-{tag}-{key}")).await,
+                row_shape(db, &format!("single-{tag}-{key}")).await,
+                "row after a {key} claim or record with on-uncertain={tag}"
+            );
+        }
+    }
+}
+
+#[tokio::test]
+async fn concurrent_claims_of_one_job_through_a_grouped_ledger_give_one_claim() {
+    let app = TestApp::spawn().await;
+    let ledger = Ledger::direct(app.db.clone()).grouped(16);
+    // 100 jobs, each delivered twice at the same moment (a redelivery racing the original).
+    let jobs: Vec<String> = (0..100).map(|i| format!("twice-{i}")).collect();
+    let claims = jobs.iter().chain(&jobs).map(|job_id| {
+        let ledger = ledger.clone();
+        let job_id = job_id.clone();
+        tokio::spawn(async move { ledger.claim(&request(&job_id, LEASE, true)).await })
+    });
+    let answers: Vec<Claim> = futures_util::future::join_all(claims)
+        .await
+        .into_iter()
+        .map(|joined| joined.unwrap().unwrap())
+        .collect();
+    let claimed = answers
+        .iter()
+        .filter(|c| matches!(c, Claim::Claimed { attempt: 1, .. }))
+        .count();
+    let busy = answers
+        .iter()
+        .filter(|c| matches!(c, Claim::Refused(Some(e)) if e.status == Status::Sending && e.lease_remaining.is_some()))
+        .count();
+    assert_eq!(
+        (claimed, busy),
+        (100, 100),
+        "one claim per job: {answers:?}"
+    );
+    assert_eq!(app.count_status("sending").await, 100);
+
+    // Every holder records, grouped too; each record lands.
+    let records = answers
+        .iter()
+        .zip(jobs.iter().chain(&jobs))
+        .filter_map(|(c, job_id)| {
+            let Claim::Claimed { token, .. } = c else {
+                return None;
+            };
+            let (ledger, job_id, token) = (ledger.clone(), job_id.clone(), *token);
+            Some(tokio::spawn(async move {
+                let record = Record {
+                    job_id: &job_id,
+                    kind: KIND,
+                    token: Some(token),
+                    status: Status::Sent,
+                    smtp_reply: Some("250 ok"),
+                    error: None,
+                    class: None,
+                };
+                ledger.record(&record, Some("rev")).await
+            }))
+        });
+    for recorded in futures_util::future::join_all(records).await {
+        assert!(recorded.unwrap().unwrap(), "the holder's record lands");
+    }
+    assert_eq!(app.count_status("sent").await, 100);
+
+    let stats = ledger.stats();
+    let groups = stats.groups.load(std::sync::atomic::Ordering::Relaxed);
+    let writes = stats.writes.load(std::sync::atomic::Ordering::Relaxed);
+    assert_eq!(
+        writes, 300,
+        "200 claims and 100 records went through groups"
+    );
+    assert!(
+        groups < writes,
+        "concurrent writes share commits: {writes} writes in {groups} groups"
+    );
+}
