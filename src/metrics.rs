@@ -18,6 +18,7 @@
 //! | `mailroom_in_flight` | gauge | |
 //! | `mailroom_smtp_duration_seconds` | histogram | |
 //! | `mailroom_end_to_end_seconds` | histogram | (job `created_at` → SMTP accepted) |
+//! | `mailroom_ledger_groups_total`, `_writes_total`, `_split_total` | counter | (group commits) |
 //! | `mailroom_relay_published_total`, `_refused_total`, `_parked_total` | counter | |
 //! | `mailroom_relay_lag_seconds` | gauge | (age of the oldest unpublished outbox row) |
 //! | `mailroom_template_reloads_total` | counter | `result` = `ok` / `failed` |
@@ -230,6 +231,25 @@ fn worker(out: &mut String, w: &Stats) {
         "Deliveries being processed now.",
     );
     let _ = writeln!(out, "mailroom_in_flight {}", w.in_flight());
+    let ledger = &w.ledger;
+    counter(
+        out,
+        "mailroom_ledger_groups_total",
+        "Group commits of the claim ledger (claims and records of concurrent deliveries).",
+        ledger.groups.load(Ordering::Relaxed),
+    );
+    counter(
+        out,
+        "mailroom_ledger_writes_total",
+        "Claims and records written in group commits; divided by groups, the mean group size.",
+        ledger.writes.load(Ordering::Relaxed),
+    );
+    counter(
+        out,
+        "mailroom_ledger_split_total",
+        "Groups that failed on a statement and were written one by one.",
+        ledger.split.load(Ordering::Relaxed),
+    );
     w.smtp_latency.write(
         out,
         "mailroom_smtp_duration_seconds",

@@ -32,7 +32,7 @@ use tracing::Instrument;
 use crate::broker::{self, Topology};
 use crate::config::{OnUncertain, UrlList};
 use crate::db::Database;
-use crate::db::group::{Ledger, LedgerStats};
+use crate::db::group::Ledger;
 use crate::render::LiveTemplates;
 use crate::smtp::Mailer;
 
@@ -77,13 +77,14 @@ impl Worker {
         templates: Arc<LiveTemplates>,
         mailer: Mailer,
     ) -> Worker {
+        let stats = Arc::new(Stats::default());
         Worker {
             settings,
-            ledger: Ledger::direct(db.clone()),
+            ledger: Ledger::direct(db.clone(), stats.ledger.clone()),
             db,
             templates,
             mailer,
-            stats: Arc::new(Stats::default()),
+            stats,
             breaker: breaker::Breaker::default(),
         }
     }
@@ -96,11 +97,6 @@ impl Worker {
     /// The worker's counters, live.
     pub fn stats(&self) -> Arc<Stats> {
         self.stats.clone()
-    }
-
-    /// The counters of the ledger's group commits.
-    pub fn ledger_stats(&self) -> Arc<LedgerStats> {
-        self.ledger.stats()
     }
 
     /// Consumes until `shutdown` is cancelled, reconnecting as needed.

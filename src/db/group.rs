@@ -131,12 +131,13 @@ impl Op {
 }
 
 impl Ledger {
-    /// A ledger writing each claim and record on its own.
-    pub fn direct(db: Database) -> Ledger {
+    /// A ledger writing each claim and record on its own; `stats` counts its groups once it
+    /// is [`Ledger::grouped`].
+    pub fn direct(db: Database, stats: Arc<LedgerStats>) -> Ledger {
         Ledger {
             db,
             queue: None,
-            stats: Arc::default(),
+            stats,
         }
     }
 

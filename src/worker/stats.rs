@@ -2,11 +2,12 @@
 //! ([`crate::metrics`]) read them; every settled delivery bumps a generation number that can be
 //! awaited.
 
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
 use tokio::sync::watch;
 
+use crate::db::group::LedgerStats;
 use crate::metrics::{END_TO_END_BUCKETS, Histogram, LabelCounts, SMTP_BUCKETS};
 
 /// Counts since the worker started.
@@ -26,6 +27,8 @@ pub struct Stats {
     pub smtp_latency: Histogram,
     /// Job `created_at` → SMTP accepted.
     pub end_to_end: Histogram,
+    /// The claim ledger's group commits.
+    pub ledger: Arc<LedgerStats>,
     settled: watch::Sender<u64>,
 }
 
@@ -53,6 +56,7 @@ impl Default for Stats {
             in_flight: AtomicI64::new(0),
             smtp_latency: Histogram::new(SMTP_BUCKETS),
             end_to_end: Histogram::new(END_TO_END_BUCKETS),
+            ledger: Arc::default(),
             settled: watch::channel(0).0,
         }
     }

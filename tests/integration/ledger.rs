@@ -225,7 +225,7 @@ async fn a_group_answers_each_claim_and_record_as_the_single_statements_do() {
 #[tokio::test]
 async fn concurrent_claims_of_one_job_through_a_grouped_ledger_give_one_claim() {
     let app = TestApp::spawn().await;
-    let ledger = Ledger::direct(app.db.clone()).grouped(16);
+    let ledger = Ledger::direct(app.db.clone(), Default::default()).grouped(16);
     // 100 jobs, each delivered twice at the same moment (a redelivery racing the original).
     let jobs: Vec<String> = (0..100).map(|i| format!("twice-{i}")).collect();
     let claims = jobs.iter().chain(&jobs).map(|job_id| {

@@ -64,6 +64,9 @@ async fn metrics_count_jobs_as_they_are_sent_retried_and_dead_lettered() {
     let at_least = [
         ("mailroom_received_total", 3.0),
         ("mailroom_retried_total", 1.0),
+        // m-1: claim, record `failed`, claim, record `sent`; each in some group commit.
+        ("mailroom_ledger_writes_total", 4.0),
+        ("mailroom_ledger_groups_total", 1.0),
     ];
     for (series, low) in at_least {
         let value = sample(&text, series).unwrap_or_else(|| panic!("{series} in\n{text}"));
