@@ -61,8 +61,11 @@ fn raw_limits(r: &Results) -> Vec<(String, f64, RGBColor)> {
             BROKER,
         ),
         (
-            format!("raw PostgreSQL claim+record {}/s", thousands(r.raw_db.rate)),
-            r.raw_db.rate,
+            format!(
+                "raw PostgreSQL claim+record, grouped {}/s",
+                thousands(r.raw_db.grouped_rate)
+            ),
+            r.raw_db.grouped_rate,
             DB,
         ),
         (

@@ -22,6 +22,7 @@ use anyhow::Context;
 use futures_util::{StreamExt, TryStreamExt};
 use lapin::{Connection, options::*, types::FieldTable};
 use mailroom::broker;
+use mailroom::db::group::Ledger;
 use mailroom::db::notifications::{Claim, ClaimRequest, Record, Status};
 use mailroom::db::{Database, notifications};
 use mailroom::job::EmailJob;
@@ -62,8 +63,13 @@ pub struct RawBroker {
 #[derive(Clone, Debug, Serialize)]
 pub struct RawDb {
     pub n: usize,
-    /// claim + record pairs per second.
+    /// claim + record pairs per second, each statement its own commit.
     pub rate: f64,
+    /// The same through the worker's group commit (`Ledger`, groups of `group`).
+    pub grouped_rate: f64,
+    pub group: usize,
+    /// Mean claims and records per group commit in the grouped run.
+    pub mean_group: f64,
     pub concurrency: usize,
     pub claim: Lat,
     pub record: Lat,
@@ -209,7 +215,8 @@ async fn broker_in(
     })
 }
 
-/// Database: `Database::claim` + `Database::record(sent)`, own commit each, at `concurrency`.
+/// Database: `Database::claim` + `Database::record(sent)`, own commit each, at `concurrency`;
+/// then the same through the worker's `Ledger` with group commit.
 pub async fn database(
     services: &Services,
     n: usize,
@@ -224,7 +231,7 @@ pub async fn database(
 }
 
 async fn claim_and_record(
-    db: &Database,
+    db: &Ledger,
     i: usize,
     claim_lat: &mut Recorder,
     record_lat: &mut Recorder,
@@ -248,15 +255,18 @@ async fn claim_and_record(
     };
     let t = Instant::now();
     let recorded = db
-        .record(&Record {
-            job_id: &job_id,
-            kind: KIND,
-            token: Some(token),
-            status: Status::Sent,
-            smtp_reply: Some("250 2.0.0 Ok: queued as 4XYZ"),
-            error: None,
-            class: None,
-        })
+        .record(
+            &Record {
+                job_id: &job_id,
+                kind: KIND,
+                token: Some(token),
+                status: Status::Sent,
+                smtp_reply: Some("250 2.0.0 Ok: queued as 4XYZ"),
+                error: None,
+                class: None,
+            },
+            None,
+        )
         .await?;
     record_lat.record_duration(t.elapsed());
     anyhow::ensure!(recorded, "raw record of a held claim was refused");
@@ -277,17 +287,48 @@ async fn database_in(
         futures_util::future::try_join_all((0..concurrency).map(|_| pool.acquire())).await?;
     drop(conns);
 
+    let direct = Ledger::direct(db.clone(), Default::default());
     let mut floor_claim = Recorder::default();
     let mut floor_record = Recorder::default();
     let mut floor = Recorder::default();
     for i in 0..floor_n {
         let t = Instant::now();
-        claim_and_record(db, i, &mut floor_claim, &mut floor_record).await?;
+        claim_and_record(&direct, i, &mut floor_claim, &mut floor_record).await?;
         floor.record_duration(t.elapsed());
     }
+    let (rate, claim, record, cpu) = pairs(&direct, floor_n, n, concurrency).await?;
+    let grouped = Ledger::direct(db.clone(), Default::default()).grouped(GROUP);
+    let (grouped_rate, ..) = pairs(&grouped, floor_n + n, n, concurrency).await?;
+    let stats = grouped.stats();
+    let mean_group = stats.writes.load(Ordering::Relaxed) as f64
+        / stats.groups.load(Ordering::Relaxed).max(1) as f64;
+    Ok(RawDb {
+        n,
+        rate,
+        grouped_rate,
+        group: GROUP,
+        mean_group,
+        concurrency,
+        claim,
+        record,
+        floor: floor.summary(false),
+        cpu,
+    })
+}
 
-    let next = Arc::new(AtomicUsize::new(floor_n));
-    let total = floor_n + n;
+/// The worker's default `MAILROOM_LEDGER_GROUP`.
+const GROUP: usize = 64;
+
+/// `n` claim + record pairs from job `first` on, by `concurrency` clients: pairs/s, the
+/// latencies of claims and records, and the CPU of each process.
+async fn pairs(
+    db: &Ledger,
+    first: usize,
+    n: usize,
+    concurrency: usize,
+) -> anyhow::Result<(f64, Lat, Lat, CpuShare)> {
+    let next = Arc::new(AtomicUsize::new(first));
+    let total = first + n;
     let roles = Roles::default();
     let before = Snapshot::take(&roles);
     let t0 = Instant::now();
@@ -318,6 +359,7 @@ async fn database_in(
     let cpu = before.share_until(&Snapshot::take(&roles));
     // The statements are the worker's: make sure they did what the worker relies on.
     let sent = db
+        .database()
         .notification(&format!("rawdb-{}", total - 1), KIND)
         .await?
         .map(|r| r.status);
@@ -325,15 +367,12 @@ async fn database_in(
         sent == Some(notifications::Status::Sent),
         "raw db run left {sent:?}"
     );
-    Ok(RawDb {
-        n,
-        rate: n as f64 / elapsed,
-        concurrency,
-        claim: claim.summary(false),
-        record: record.summary(false),
-        floor: floor.summary(false),
+    Ok((
+        n as f64 / elapsed,
+        claim.summary(false),
+        record.summary(false),
         cpu,
-    })
+    ))
 }
 
 /// The email the worker sends for a bench job, built by mailroom's own templates and `Mailer`.

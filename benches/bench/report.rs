@@ -93,7 +93,10 @@ pub fn slowest(r: &Results, workers: usize) -> (String, f64) {
     };
     [
         ("RabbitMQ".to_string(), r.raw_broker.rate),
-        ("PostgreSQL claim+record".to_string(), r.raw_db.rate),
+        (
+            "PostgreSQL claim+record (group commit)".to_string(),
+            r.raw_db.grouped_rate,
+        ),
         (smtp_name, smtp),
     ]
     .into_iter()
@@ -189,9 +192,12 @@ pub fn table(r: &Results) -> String {
     );
     let _ = writeln!(
         t,
-        "| **raw** PostgreSQL: `Database::claim` + `Database::record(sent)`, own commits, {} clients | – | {} pairs/s; 1 at a time p50 {} ms | – |",
+        "| **raw** PostgreSQL: `Database::claim` + `Database::record(sent)`, {} clients: own commits / the worker's group commit (groups ≤ {}, mean {:.1}) | – | {} / {} pairs/s; 1 at a time p50 {} ms | – |",
         d.concurrency,
+        d.group,
+        d.mean_group,
         thousands(d.rate),
+        thousands(d.grouped_rate),
         ms(d.floor.p50)
     );
     let _ = writeln!(
