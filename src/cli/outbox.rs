@@ -43,7 +43,8 @@ pub struct RelayOptions {
 
 impl RelayOptions {
     fn build(&self, db: &DatabaseArgs, broker: &BrokerArgs) -> anyhow::Result<Relay> {
-        let db = Database::connect_lazy(&db.database_url, 4)?;
+        // The relay retries a failed batch or probe on its next turn: no ping before each use.
+        let db = Database::connect_lazy_with(&db.database_url, 4, false)?;
         let settings = RelaySettings {
             amqp: broker.amqp_url.clone(),
             topology: broker.topology(),

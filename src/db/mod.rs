@@ -64,7 +64,20 @@ impl Engine {
 impl Database {
     /// Connects a pool of at most `max_connections` to `url`. The pool is lazy: the first
     /// query opens the first connection, so a process starts even while the database is down.
+    /// A pooled connection is pinged before each use, so a connection the server dropped is
+    /// replaced instead of failing a claim.
     pub fn connect_lazy(url: &SecretUrl, max_connections: u32) -> anyhow::Result<Database> {
+        Database::connect_lazy_with(url, max_connections, true)
+    }
+
+    /// [`Database::connect_lazy`]; `ping_before_use: false` saves a round trip per use, for
+    /// callers that simply try again after a failed statement (the relay's loop): its idle
+    /// probe is then one statement on the wire, not a ping and a statement.
+    pub fn connect_lazy_with(
+        url: &SecretUrl,
+        max_connections: u32,
+        ping_before_use: bool,
+    ) -> anyhow::Result<Database> {
         match Engine::of(url)? {
             Engine::Postgres => {
                 let options: PgConnectOptions = url
@@ -77,6 +90,7 @@ impl Database {
                 let pool = PgPoolOptions::new()
                     .max_connections(max_connections)
                     .acquire_timeout(ACQUIRE_TIMEOUT)
+                    .test_before_acquire(ping_before_use)
                     .connect_lazy_with(options);
                 Ok(Database::Postgres(pool))
             }
@@ -95,6 +109,7 @@ impl Database {
                 let pool = MySqlPoolOptions::new()
                     .max_connections(max_connections)
                     .acquire_timeout(ACQUIRE_TIMEOUT)
+                    .test_before_acquire(ping_before_use)
                     .after_connect(|conn, _meta| {
                         Box::pin(async move {
                             // READ COMMITTED: the relay's `FOR UPDATE SKIP LOCKED` and the

@@ -3,6 +3,7 @@
 //! applies to open connections as well as new ones.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -29,6 +30,7 @@ pub enum Fault {
 pub struct FaultProxy {
     pub port: u16,
     fault: Arc<watch::Sender<Fault>>,
+    open: Arc<AtomicUsize>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -39,12 +41,24 @@ impl FaultProxy {
         let port = listener.local_addr().unwrap().port();
         let fault = Arc::new(watch::Sender::new(Fault::Pass));
         let rx = fault.subscribe();
+        let open = Arc::new(AtomicUsize::new(0));
+        let counted = open.clone();
         let task = tokio::spawn(async move {
             while let Ok((client, _)) = listener.accept().await {
-                tokio::spawn(connection(client, target_port, rx.clone()));
+                tokio::spawn(connection(client, target_port, rx.clone(), counted.clone()));
             }
         });
-        FaultProxy { port, fault, task }
+        FaultProxy {
+            port,
+            fault,
+            open,
+            task,
+        }
+    }
+
+    /// Connections being forwarded now (a reset one no longer counts).
+    pub fn open(&self) -> usize {
+        self.open.load(Ordering::SeqCst)
     }
 
     /// Switches the fault, for open connections and new ones.
@@ -68,7 +82,12 @@ impl Drop for FaultProxy {
     }
 }
 
-async fn connection(client: TcpStream, target_port: u16, mut fault: watch::Receiver<Fault>) {
+async fn connection(
+    client: TcpStream,
+    target_port: u16,
+    mut fault: watch::Receiver<Fault>,
+    open: Arc<AtomicUsize>,
+) {
     let _ = client.set_nodelay(true);
     // A new connection during a partition waits for it to end before reaching the service.
     loop {
@@ -86,12 +105,14 @@ async fn connection(client: TcpStream, target_port: u16, mut fault: watch::Recei
         return reset(&client);
     };
     let _ = upstream.set_nodelay(true);
+    open.fetch_add(1, Ordering::SeqCst);
     let (client_r, client_w) = client.into_split();
     let (upstream_r, upstream_w) = upstream.into_split();
     tokio::join!(
         pump(client_r, upstream_w, fault.clone()),
         pump(upstream_r, client_w, fault),
     );
+    open.fetch_sub(1, Ordering::SeqCst);
 }
 
 /// Copies one direction until EOF, an error, or a reset.

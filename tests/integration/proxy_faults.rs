@@ -133,3 +133,35 @@ async fn database_connections_reset_then_partitioned_mid_load_every_job_is_sent_
     worker.stop().await;
     app.drain_duplicates().await;
 }
+
+/// The relay trusts its pooled connections (no ping before each use, so an idle relay costs one
+/// statement per probe): a connection the network killed must cost one failed turn, not the
+/// relay.
+#[tokio::test]
+async fn a_relay_whose_database_connections_were_reset_publishes_the_next_rows() {
+    let app = TestApp::spawn().await;
+    let db_port = url::Url::parse(&app.db_url).unwrap().port().unwrap();
+    let proxy = FaultProxy::start(db_port).await;
+    let url = proxy.url_through(&app.db_url);
+    let relay = app.start_relay(&["--database-url", &url, "--relay-poll", "200ms"]);
+    app.enqueue(&app.email_job("before-reset")).await.unwrap();
+    eventually("the first row is published", || async {
+        (app.unpublished().await == 0).then_some(())
+    })
+    .await;
+    assert!(proxy.open() > 0, "the relay's pool keeps its connections");
+
+    proxy.set(Fault::Reset);
+    eventually("every connection through the proxy is reset", || async {
+        (proxy.open() == 0).then_some(())
+    })
+    .await;
+    proxy.set(Fault::Pass);
+    app.enqueue(&app.email_job("after-reset")).await.unwrap();
+    eventually("the row committed after the reset is published", || async {
+        (app.unpublished().await == 0).then_some(())
+    })
+    .await;
+    assert_eq!(relay.published(), 2);
+    relay.stop().await;
+}
