@@ -251,8 +251,9 @@ async fn run(opts: Opts) -> anyhow::Result<()> {
     let alone = relay_alone::both_engines(&services, opts.n, opts.wake_rows, &logs).await?;
     for a in &alone {
         step(&format!(
-            "  {}: {:.0} rows/s; idle: {:.2} {}/s; commit → published p50 {:.1} ms, max {:.1} ms",
+            "  {}: {:.0} rows/s first → last published ({:.0} from the commit); idle: {:.2} {}/s; commit → published p50 {:.1} ms, max {:.1} ms",
             a.engine,
+            a.relay_only.busy_rows_per_s,
             a.relay_only.rows_per_s,
             a.relay_idle.per_s,
             a.relay_idle.unit,

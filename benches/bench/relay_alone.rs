@@ -50,7 +50,11 @@ const WAKE_PATIENCE: Duration = Duration::from_secs(15);
 #[derive(Clone, Debug, Serialize)]
 pub struct RelayOnly {
     pub n: usize,
+    /// From the commit of the N rows to the last one published: includes the wake-up.
     pub rows_per_s: f64,
+    /// From the first row published to the last (`published_at`, the database's clock): the
+    /// relay's throughput once awake.
+    pub busy_rows_per_s: f64,
     pub complete: bool,
     /// Messages ready in the work queue afterwards (N + the warm-up row).
     pub queued: u32,
@@ -221,9 +225,11 @@ impl Rig {
         let t0 = Instant::now();
         let complete = wait_published(db, patience(n)).await?;
         let rows_per_s = n as f64 / t0.elapsed().as_secs_f64();
+        let span = publish_span(db, prefix_pattern("job")).await?;
         Ok(RelayOnly {
             n,
             rows_per_s,
+            busy_rows_per_s: (n.saturating_sub(1)) as f64 / span.max(1e-6),
             complete,
             queued: self.world.ready_messages().await?,
         })
@@ -351,6 +357,35 @@ async fn wait_published(db: &Database, patience: Duration) -> anyhow::Result<boo
 }
 
 /// N outbox rows in one transaction, as a bulk import would commit them.
+fn prefix_pattern(prefix: &str) -> String {
+    format!("{prefix}-%")
+}
+
+/// Seconds between the first and the last `published_at` of the rows whose job id matches.
+async fn publish_span(db: &Database, pattern: String) -> anyhow::Result<f64> {
+    type Span = (Option<chrono::DateTime<Utc>>, Option<chrono::DateTime<Utc>>);
+    const SQL: &str =
+        "SELECT MIN(published_at), MAX(published_at) FROM mailroom_outbox WHERE job_id LIKE ";
+    let (first, last): Span = match db {
+        Database::Postgres(pool) => {
+            sqlx::query_as(sqlx::AssertSqlSafe(format!("{SQL}$1")))
+                .bind(pattern)
+                .fetch_one(pool)
+                .await?
+        }
+        Database::MySql(pool) => {
+            sqlx::query_as(sqlx::AssertSqlSafe(format!("{SQL}?")))
+                .bind(pattern)
+                .fetch_one(pool)
+                .await?
+        }
+    };
+    let (Some(first), Some(last)) = (first, last) else {
+        anyhow::bail!("no published rows to time");
+    };
+    Ok((last - first).as_seconds_f64())
+}
+
 async fn enqueue_in_one_transaction(db: &Database, prefix: &str, n: usize) -> anyhow::Result<()> {
     let jobs = (0..n).map(|i| workload::email_job(prefix, i, Utc::now()));
     match db {
