@@ -329,6 +329,29 @@ pub(super) async fn kinds_of_job(
 
 // ---- group commit (see `group.rs`) ----
 
+/// Row `i` of a derived table of bound values, `SELECT ? AS job_id, ? AS kind, ? AS token`
+/// (`UNION ALL` before every row but the first), which MySQL 8 and MariaDB both read (their
+/// `VALUES` constructors differ). The caller may add columns.
+fn push_union_row(
+    q: &mut QueryBuilder<sqlx::MySql>,
+    i: usize,
+    job_id: &str,
+    kind: &str,
+    token: Uuid,
+) {
+    q.push(if i == 0 {
+        "SELECT "
+    } else {
+        " UNION ALL SELECT "
+    })
+    .push_bind(job_id.to_owned())
+    .push(" AS job_id, ")
+    .push_bind(kind.to_owned())
+    .push(" AS kind, ")
+    .push_bind(token)
+    .push(" AS token");
+}
+
 /// `(job_id = ? AND kind = ?) OR …` over `keys`, for the unique key's range scan.
 fn push_keys<'a>(
     q: &mut QueryBuilder<sqlx::MySql>,
@@ -400,17 +423,7 @@ pub(super) async fn write_group(
     if !old.is_empty() {
         let mut q = QueryBuilder::new("UPDATE sent_notifications n JOIN (");
         for (i, c) in old.iter().enumerate() {
-            q.push(if i == 0 {
-                "SELECT "
-            } else {
-                " UNION ALL SELECT "
-            });
-            q.push_bind(c.job_id.as_str())
-                .push(" AS job_id, ")
-                .push_bind(c.kind.as_str())
-                .push(" AS kind, ")
-                .push_bind(c.token)
-                .push(" AS token");
+            push_union_row(&mut q, i, &c.job_id, &c.kind, c.token);
         }
         q.push(
             ") c ON n.job_id = c.job_id AND n.kind = c.kind \
@@ -433,17 +446,8 @@ pub(super) async fn write_group(
     if !group.records.is_empty() {
         let mut q = QueryBuilder::new("UPDATE sent_notifications n JOIN (");
         for (i, r) in group.records.iter().enumerate() {
-            q.push(if i == 0 {
-                "SELECT "
-            } else {
-                " UNION ALL SELECT "
-            });
-            q.push_bind(r.job_id.as_str())
-                .push(" AS job_id, ")
-                .push_bind(r.kind.as_str())
-                .push(" AS kind, ")
-                .push_bind(r.token)
-                .push(" AS token, ")
+            push_union_row(&mut q, i, &r.job_id, &r.kind, r.token);
+            q.push(", ")
                 .push_bind(r.status.as_str())
                 .push(" AS status, ")
                 .push_bind(r.smtp_reply.as_deref())

@@ -9,12 +9,11 @@ use uuid::Uuid;
 use super::notifications::{Claim, ClaimRequest, ExistingClaim, Notification, Record, Status};
 use super::outbox::{OutboxRow, OutboxStatus, PendingRow};
 
-/// Inserts a `sending` row with a lease, or takes over a row that may be retried. No row comes
-/// back when the claim is refused.
-const CLAIM: &str = "
-INSERT INTO sent_notifications AS n
-    (job_id, kind, status, attempts, lease_until, claim_token, message_id)
-VALUES ($1, $2, 'sending', 1, now() + make_interval(secs => $3), $4, $5)
+/// The takeover of an existing row by a claim, shared by the single and the group claim: `$6`
+/// is the claim's `resend_uncertain`.
+macro_rules! take_over {
+    () => {
+        "
 ON CONFLICT (job_id, kind) DO UPDATE
 SET status = 'sending',
     attempts = n.attempts + 1,
@@ -23,9 +22,22 @@ SET status = 'sending',
     updated_at = now()
 WHERE n.status = 'failed'
    OR ($6 AND n.status = 'sending' AND n.lease_until < now())
-   OR ($6 AND n.status = 'uncertain')
+   OR ($6 AND n.status = 'uncertain')"
+    };
+}
+
+/// Inserts a `sending` row with a lease, or takes over a row that may be retried (a replay,
+/// `$7`, also a `dead` or `uncertain` one). No row comes back when the claim is refused.
+const CLAIM: &str = concat!(
+    "
+INSERT INTO sent_notifications AS n
+    (job_id, kind, status, attempts, lease_until, claim_token, message_id)
+VALUES ($1, $2, 'sending', 1, now() + make_interval(secs => $3), $4, $5)",
+    take_over!(),
+    "
    OR ($7 AND n.status IN ('dead', 'uncertain', 'failed'))
-RETURNING n.attempts";
+RETURNING n.attempts"
+);
 
 const READ_CLAIM: &str = "
 SELECT status, attempts, error_class, last_error,
@@ -259,22 +271,16 @@ fn parse_status(text: String) -> Result<Status, sqlx::Error> {
 /// The claims and records of a group in one statement, so one commit. The two CTEs touch
 /// different keys (a group holds each key once). Claims insert in key order, so two groups
 /// lock rows in the same order.
-const WRITE_GROUP: &str = "
+const WRITE_GROUP: &str = concat!(
+    "
 WITH claimed AS (
     INSERT INTO sent_notifications AS n
         (job_id, kind, status, attempts, lease_until, claim_token, message_id)
     SELECT c.job_id, c.kind, 'sending', 1, now() + make_interval(secs => $5), c.token, c.message_id
     FROM unnest($1::text[], $2::text[], $3::uuid[], $4::text[]) AS c(job_id, kind, token, message_id)
-    ORDER BY c.job_id, c.kind
-    ON CONFLICT (job_id, kind) DO UPDATE
-    SET status = 'sending',
-        attempts = n.attempts + 1,
-        lease_until = EXCLUDED.lease_until,
-        claim_token = EXCLUDED.claim_token,
-        updated_at = now()
-    WHERE n.status = 'failed'
-       OR ($6 AND n.status = 'sending' AND n.lease_until < now())
-       OR ($6 AND n.status = 'uncertain')
+    ORDER BY c.job_id, c.kind",
+    take_over!(),
+    "
     RETURNING n.job_id, n.kind, n.attempts
 ), recorded AS (
     UPDATE sent_notifications AS n
@@ -294,7 +300,8 @@ WITH claimed AS (
 )
 SELECT true AS claim, job_id, kind, attempts FROM claimed
 UNION ALL
-SELECT false, job_id, kind, NULL FROM recorded";
+SELECT false, job_id, kind, NULL FROM recorded"
+);
 
 /// The rows that refused some of a group's claims, read after the group's statement.
 const READ_CLAIMS: &str = "
