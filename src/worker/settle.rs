@@ -3,7 +3,6 @@
 //! bulk nack that could drag innocent deliveries along.
 
 use lapin::{
-    Channel,
     message::Delivery,
     options::{BasicAckOptions, BasicRejectOptions},
     types::AMQPValue,
@@ -17,7 +16,12 @@ use crate::job::mask_addresses;
 const MAX_REASON_HEADER: usize = 1000;
 
 impl Worker {
-    pub(super) async fn settle(&self, publisher: &Channel, delivery: &Delivery, outcome: Outcome) {
+    pub(super) async fn settle(
+        &self,
+        publisher: &broker::Publisher,
+        delivery: &Delivery,
+        outcome: Outcome,
+    ) {
         let stats = &self.stats;
         match outcome {
             Outcome::Ack { duplicate } => {
@@ -44,14 +48,14 @@ impl Worker {
                     ],
                 );
                 let exchange = &self.settings.topology.retry_exchange;
-                match broker::publish_confirmed(
-                    publisher,
-                    exchange,
-                    delivery.routing_key.as_str(),
-                    &delivery.data,
-                    props,
-                )
-                .await
+                match publisher
+                    .publish(
+                        exchange,
+                        delivery.routing_key.as_str(),
+                        &delivery.data,
+                        props,
+                    )
+                    .await
                 {
                     Ok(()) => {
                         tracing::info!(?delay, reason = mask_addresses(&reason), "retry scheduled");
@@ -80,14 +84,9 @@ impl Worker {
                     ],
                 );
                 let dlx = &self.settings.topology.dlx;
-                match broker::publish_confirmed(
-                    publisher,
-                    dlx,
-                    delivery.routing_key.as_str(),
-                    &delivery.data,
-                    props,
-                )
-                .await
+                match publisher
+                    .publish(dlx, delivery.routing_key.as_str(), &delivery.data, props)
+                    .await
                 {
                     Ok(()) => {
                         stats.dead_lettered(&self.kind_label(delivery), class.as_str());
