@@ -3,7 +3,7 @@
 //! broker connection of the soak's vhost, stalls SMTP (and, only where switched on, restarts
 //! the broker). Then it heals, drains, and the checker ([`checker`]) counts lost, duplicated,
 //! unexpected, misfiled and stuck jobs from what the SMTP server, the ledger, the dead-letter
-//! queue and the workers' logs recorded.
+//! queue and the workers' logs recorded, and the processes that did not exit 0 on SIGTERM.
 //!
 //! `MAILROOM_SOAK_SEED` replays a run (the seed is always printed), `MAILROOM_SOAK_JOBS` sets
 //! its size, `MAILROOM_SOAK_SECONDS` the length of the nemesis phase, `MAILROOM_SOAK_OPS` the
@@ -118,10 +118,11 @@ async fn soak(s: Settings) {
     let mut observer = observe::Observer::new(&app);
     let patience = Duration::from_secs(180 + s.jobs / 25);
     observer.drain(&committed, patience).await;
-    cluster.stop().await;
+    let hung = cluster.stop().await;
     let history = History {
         seed: s.seed,
         killed: cluster.killed.clone(),
+        hung,
         ..observer.history(committed, files.path()).await
     };
     let report = checker::check(&history);
