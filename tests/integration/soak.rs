@@ -68,7 +68,8 @@ async fn chaos_soak_loses_nothing_and_duplicates_only_in_the_uncertain_window() 
 }
 
 /// The same with broker restarts (`rabbitmqctl stop_app/start_app` on the shared node), so
-/// it disturbs every other test: run it alone (not yet in CI) with
+/// it disturbs every other test: `scripts/test` runs it alone after the disruptive tests, on
+/// each engine; by hand,
 /// `MAILROOM_SOAK_RESTART_BROKER=1 cargo test --test integration soak -- --ignored`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "restarts the shared broker: run alone with MAILROOM_SOAK_RESTART_BROKER=1"]
