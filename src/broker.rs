@@ -12,8 +12,13 @@
 
 use std::time::Duration;
 
+mod publisher;
+
+pub use publisher::{Publisher, wait_while_blocked};
+
 use lapin::{
-    BasicProperties, Channel, Confirmation, Connection, ConnectionProperties, ExchangeKind,
+    BasicProperties, Channel, Confirmation, Connection, ConnectionProperties, ConnectionStatus,
+    ExchangeKind,
     options::{
         BasicPublishOptions, ConfirmSelectOptions, ExchangeDeclareOptions, QueueBindOptions,
         QueueDeclareOptions,
@@ -251,9 +256,23 @@ pub enum PublishError {
 }
 
 /// Publishes one persistent, mandatory message and waits for its confirm. Succeeds only on a
-/// clean ack: unroutable (returned), nacked and timed-out publishes are errors.
+/// clean ack: unroutable (returned), nacked and timed-out publishes are errors. The timeout
+/// covers writing the message too: on a connection the broker blocks, lapin writes nothing.
 pub async fn publish_confirmed(
     ch: &Channel,
+    exchange: &str,
+    routing_key: &str,
+    body: &[u8],
+    properties: BasicProperties,
+) -> Result<(), PublishError> {
+    publish_on(ch, None, exchange, routing_key, body, properties).await
+}
+
+/// [`publish_confirmed`]; with `blocked_by` (the channel's connection), the timeout does not
+/// run while the broker blocks that connection: the publish waits until it is unblocked.
+async fn publish_on(
+    ch: &Channel,
+    blocked_by: Option<&ConnectionStatus>,
     exchange: &str,
     routing_key: &str,
     body: &[u8],
@@ -275,16 +294,27 @@ pub async fn publish_confirmed(
             .await?;
         pending.await
     };
-    match tokio::time::timeout(CONFIRM_TIMEOUT, confirm).await {
-        Err(_) => Err(PublishError::Timeout(CONFIRM_TIMEOUT)),
-        Ok(Err(e)) => Err(PublishError::Amqp(e)),
-        Ok(Ok(Confirmation::Ack(None))) => Ok(()),
-        Ok(Ok(Confirmation::Ack(Some(_)))) => Err(PublishError::Unroutable {
+    tokio::pin!(confirm);
+    let confirmation = loop {
+        match tokio::time::timeout(CONFIRM_TIMEOUT, &mut confirm).await {
+            Ok(confirmation) => break confirmation,
+            // Still queued in lapin (or unconfirmed): once unblocked it goes out and the same
+            // confirm arrives, so waiting publishes no second copy.
+            Err(_) if blocked_by.is_some_and(|s| s.blocked() && s.connected()) => {
+                wait_while_blocked(blocked_by.unwrap()).await;
+            }
+            Err(_) => return Err(PublishError::Timeout(CONFIRM_TIMEOUT)),
+        }
+    };
+    match confirmation {
+        Err(e) => Err(PublishError::Amqp(e)),
+        Ok(Confirmation::Ack(None)) => Ok(()),
+        Ok(Confirmation::Ack(Some(_))) => Err(PublishError::Unroutable {
             exchange: exchange.to_string(),
             routing_key: routing_key.to_string(),
         }),
-        Ok(Ok(Confirmation::Nack(_))) => Err(PublishError::Nacked),
-        Ok(Ok(Confirmation::NotRequested)) => Err(PublishError::NotConfirmed),
+        Ok(Confirmation::Nack(_)) => Err(PublishError::Nacked),
+        Ok(Confirmation::NotRequested) => Err(PublishError::NotConfirmed),
     }
 }
 

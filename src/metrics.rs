@@ -19,7 +19,7 @@
 //! | `mailroom_smtp_duration_seconds` | histogram | |
 //! | `mailroom_end_to_end_seconds` | histogram | (job `created_at` → SMTP accepted) |
 //! | `mailroom_ledger_groups_total`, `_writes_total`, `_split_total` | counter | (group commits) |
-//! | `mailroom_relay_published_total`, `_refused_total`, `_parked_total` | counter | |
+//! | `mailroom_relay_published_total`, `_refused_total`, `_parked_total`, `_blocked_total` | counter | |
 //! | `mailroom_relay_lag_seconds` | gauge | (age of the oldest unpublished outbox row) |
 //! | `mailroom_template_reloads_total` | counter | `result` = `ok` / `failed` |
 //! | `mailroom_template_revision` | gauge (1) | `revision` |
@@ -131,6 +131,12 @@ impl Metrics {
                 "mailroom_relay_parked_total",
                 "Outbox rows parked after repeated refusals.",
                 get(&r.parked),
+            );
+            counter(
+                &mut out,
+                "mailroom_relay_blocked_total",
+                "Batches rolled back because RabbitMQ blocked publishing (resource alarm).",
+                get(&r.blocked),
             );
         }
         if let Some(db) = &self.db {

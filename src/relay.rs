@@ -13,6 +13,13 @@
 //! has no notifications: the probes alone, up to `poll_max`.
 //! On both engines an enqueue made in the same process (the HTTP API of `mailroom run`) wakes
 //! the relay at once through [`Relay::waker`].
+//!
+//! Resource alarms: RabbitMQ blocks a publishing connection while it is low on memory or disk,
+//! and lapin then writes nothing on it. The confirm timeout covers writing the batch too, so a
+//! blocked batch is rolled back within it (its rows stay unpublished, its locks released); the
+//! relay then keeps the connection and waits for the broker to unblock it before claiming
+//! again. Messages of the rolled-back batch that lapin still holds go out once unblocked, as
+//! duplicates of the rows' next publish, which the worker's claim makes harmless.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -70,6 +77,8 @@ pub struct RelayStats {
     pub probes: AtomicU64,
     /// Published rows deleted past the retention age.
     pub deleted: AtomicU64,
+    /// Batches rolled back because the broker blocked publishing (a resource alarm).
+    pub blocked: AtomicU64,
 }
 
 /// The wait between probes of the outbox: `min` after a busy scan, doubling while idle, up to
@@ -193,7 +202,21 @@ impl Relay {
         'relay: loop {
             let mut claimed = 0;
             loop {
-                let n = self.relay_batch(&channel).await?;
+                let n = match self.relay_batch(&channel).await {
+                    Ok(n) => n,
+                    Err(e) if conn.status().blocked() => {
+                        self.stats.blocked.fetch_add(1, Ordering::Relaxed);
+                        tracing::warn!(
+                            error = format!("{e:#}"),
+                            "batch rolled back: RabbitMQ blocks publishing (resource alarm)"
+                        );
+                        tokio::select! {
+                            _ = broker::wait_while_blocked(conn.status()) => continue,
+                            _ = shutdown.cancelled() => break 'relay,
+                        }
+                    }
+                    Err(e) => return Err(e),
+                };
                 claimed += n;
                 if n < s.batch_size as usize || shutdown.is_cancelled() {
                     break;
@@ -275,7 +298,7 @@ impl Relay {
         Ok(rows.len())
     }
 
-    /// Publishes every row, pipelined, then waits for all confirms within one timeout. A channel
+    /// Publishes every row, pipelined, and waits for all confirms, within one timeout. A channel
     /// error or a timeout fails the whole batch: nothing is marked, everything is retried.
     async fn publish_all(
         &self,
@@ -287,25 +310,34 @@ impl Relay {
             mandatory: true,
             ..Default::default()
         };
-        let mut pending = Vec::with_capacity(rows.len());
-        for row in rows {
-            let props = broker::job_properties(&row.job_id, &row.kind, 1);
-            let confirm = channel
-                .basic_publish(
-                    exchange.as_str().into(),
-                    row.kind.as_str().into(),
-                    options,
-                    row.payload.as_bytes(),
-                    props,
-                )
-                .await?;
-            pending.push(confirm);
-        }
-        let confirms = tokio::time::timeout(broker::CONFIRM_TIMEOUT, join_all(pending))
+        // lapin resolves `basic_publish` once the message is written, which never happens on a
+        // connection the broker blocks: the timeout covers the writes as well as the confirms.
+        let publish = async {
+            let mut pending = Vec::with_capacity(rows.len());
+            for row in rows {
+                let props = broker::job_properties(&row.job_id, &row.kind, 1);
+                let confirm = channel
+                    .basic_publish(
+                        exchange.as_str().into(),
+                        row.kind.as_str().into(),
+                        options,
+                        row.payload.as_bytes(),
+                        props,
+                    )
+                    .await?;
+                pending.push(confirm);
+            }
+            Ok::<_, lapin::Error>(join_all(pending).await)
+        };
+        let confirms = tokio::time::timeout(broker::CONFIRM_TIMEOUT, publish)
             .await
             .map_err(|_| {
-                anyhow::anyhow!("no publisher confirms within {:?}", broker::CONFIRM_TIMEOUT)
-            })?;
+                anyhow::anyhow!(
+                    "{} messages not written and confirmed within {:?}",
+                    rows.len(),
+                    broker::CONFIRM_TIMEOUT
+                )
+            })??;
         Ok(confirms.into_iter().collect::<Result<Vec<_>, _>>()?)
     }
 

@@ -9,6 +9,11 @@
 //!
 //! Shutdown (SIGTERM/SIGINT): stop taking deliveries, let those in flight finish within the
 //! grace period and settle on the still-open channel, then close channel and connection.
+//!
+//! Retries and dead letters are published on a second connection ([`broker::Publisher`]): a
+//! resource alarm blocks a connection that publishes, and its acks with it. On its own
+//! connection a blocked publish holds only the delivery it settles, which stays unacked in the
+//! queue until the alarm clears; the other deliveries are still sent and acked.
 
 mod breaker;
 mod process;
@@ -150,7 +155,10 @@ impl Worker {
         let setup = conn.create_channel().await?;
         broker::declare_topology(&setup, &s.topology).await?;
         let _ = setup.close(200, "declared".into()).await;
-        let publisher = broker::confirm_channel(&conn).await?;
+        let publisher = broker::Publisher::connect(&s.amqp, &format!("{} publisher", s.name))
+            .await
+            .context("opening the publisher connection")?;
+        let publisher = Arc::new(publisher);
         let channel = conn.create_channel().await?;
         channel
             .basic_qos(s.prefetch.max(1), BasicQosOptions::default())
@@ -171,6 +179,9 @@ impl Worker {
             if self.breaker.is_open() {
                 // Deliveries stay with the broker while the SMTP server is down.
                 self.breaker.wait_until_closed(&self.mailer, shutdown).await;
+            }
+            if !publisher.is_usable() {
+                anyhow::bail!("the publisher connection or its channel closed");
             }
             let permit = tokio::select! {
                 biased;
@@ -215,11 +226,12 @@ impl Worker {
                 "shutdown grace period over; unsettled deliveries will be redelivered"
             );
         }
-        close(&conn, &[&channel, &publisher]).await;
+        publisher.close("worker shutting down").await;
+        close(&conn, &channel).await;
         Ok(())
     }
 
-    async fn handle(&self, publisher: &Channel, delivery: lapin::message::Delivery) {
+    async fn handle(&self, publisher: &broker::Publisher, delivery: lapin::message::Delivery) {
         Stats::bump(&self.stats.received);
         self.stats.in_flight_add(1);
         let outcome = self.process(&delivery).await;
@@ -229,9 +241,7 @@ impl Worker {
     }
 }
 
-async fn close(conn: &Connection, channels: &[&Channel]) {
-    for ch in channels {
-        let _ = ch.close(200, "worker shutting down".into()).await;
-    }
+async fn close(conn: &Connection, channel: &Channel) {
+    let _ = channel.close(200, "worker shutting down".into()).await;
     let _ = conn.close(200, "worker shutting down".into()).await;
 }

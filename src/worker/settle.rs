@@ -3,7 +3,6 @@
 //! bulk nack that could drag innocent deliveries along.
 
 use lapin::{
-    Channel,
     message::Delivery,
     options::{BasicAckOptions, BasicRejectOptions},
     types::AMQPValue,
@@ -15,9 +14,19 @@ use crate::job::mask_addresses;
 
 /// Longest error text copied into a header; the full text is in the log and the ledger.
 const MAX_REASON_HEADER: usize = 1000;
+/// How long an ack or reject may take to be written. lapin resolves it once written; an ack
+/// handed to lapin as the broker connection broke (a broker restart) was seen never to resolve,
+/// which held its concurrency slot for good and kept the worker from shutting down. Past this,
+/// the delivery counts as unsettled: a broken connection's deliveries are redelivered anyway.
+const SETTLE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
 impl Worker {
-    pub(super) async fn settle(&self, publisher: &Channel, delivery: &Delivery, outcome: Outcome) {
+    pub(super) async fn settle(
+        &self,
+        publisher: &broker::Publisher,
+        delivery: &Delivery,
+        outcome: Outcome,
+    ) {
         let stats = &self.stats;
         match outcome {
             Outcome::Ack { duplicate } => {
@@ -44,14 +53,14 @@ impl Worker {
                     ],
                 );
                 let exchange = &self.settings.topology.retry_exchange;
-                match broker::publish_confirmed(
-                    publisher,
-                    exchange,
-                    delivery.routing_key.as_str(),
-                    &delivery.data,
-                    props,
-                )
-                .await
+                match publisher
+                    .publish(
+                        exchange,
+                        delivery.routing_key.as_str(),
+                        &delivery.data,
+                        props,
+                    )
+                    .await
                 {
                     Ok(()) => {
                         tracing::info!(?delay, reason = mask_addresses(&reason), "retry scheduled");
@@ -80,14 +89,9 @@ impl Worker {
                     ],
                 );
                 let dlx = &self.settings.topology.dlx;
-                match broker::publish_confirmed(
-                    publisher,
-                    dlx,
-                    delivery.routing_key.as_str(),
-                    &delivery.data,
-                    props,
-                )
-                .await
+                match publisher
+                    .publish(dlx, delivery.routing_key.as_str(), &delivery.data, props)
+                    .await
                 {
                     Ok(()) => {
                         stats.dead_lettered(&self.kind_label(delivery), class.as_str());
@@ -108,20 +112,28 @@ impl Worker {
     async fn ack(&self, delivery: &Delivery) {
         // Whatever the outcome, it is recorded (or published) by now; only the ack is missing.
         crate::failpoint::hit("worker.before_ack").await;
-        match delivery.ack(BasicAckOptions::default()).await {
-            Ok(true) => {}
-            Ok(false) => self.unsettled("ack not sent: the channel is closed; the broker will redeliver and the claim deduplicates"),
-            Err(e) => self.unsettled(&format!("ack failed ({e}); the broker will redeliver and the claim deduplicates")),
+        let ack = delivery.ack(BasicAckOptions::default());
+        match tokio::time::timeout(SETTLE_TIMEOUT, ack).await {
+            Ok(Ok(true)) => {}
+            Ok(Ok(false)) => self.unsettled("ack not sent: the channel is closed; the broker will redeliver and the claim deduplicates"),
+            Ok(Err(e)) => self.unsettled(&format!("ack failed ({e}); the broker will redeliver and the claim deduplicates")),
+            Err(_) => self.unsettled(&format!("ack not written within {SETTLE_TIMEOUT:?}; if the broker never got it, it redelivers and the claim deduplicates")),
         }
     }
 
     async fn reject(&self, delivery: &Delivery, requeue: bool) {
-        match delivery.reject(BasicRejectOptions { requeue }).await {
-            Ok(true) => {}
-            Ok(false) => {
+        let reject = delivery.reject(BasicRejectOptions { requeue });
+        match tokio::time::timeout(SETTLE_TIMEOUT, reject).await {
+            Ok(Ok(true)) => {}
+            Ok(Ok(false)) => {
                 self.unsettled("reject not sent: the channel is closed; the broker will redeliver")
             }
-            Err(e) => self.unsettled(&format!("reject failed ({e}); the broker will redeliver")),
+            Ok(Err(e)) => {
+                self.unsettled(&format!("reject failed ({e}); the broker will redeliver"))
+            }
+            Err(_) => self.unsettled(&format!(
+                "reject not written within {SETTLE_TIMEOUT:?}; the broker will redeliver"
+            )),
         }
     }
 

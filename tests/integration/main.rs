@@ -10,6 +10,7 @@ mod fault_proxy;
 mod helpers;
 
 mod crash;
+mod database_refused;
 mod delivery;
 mod disruptive;
 mod dlq;

@@ -90,6 +90,8 @@ pub struct History {
     pub unpublished: u64,
     /// Messages left in the work queue and the retry tiers once every process stopped.
     pub messages_left: u64,
+    /// Processes that did not exit 0 in time after SIGTERM once drained, and how.
+    pub hung: Vec<String>,
 }
 
 /// A job received more than once.
@@ -124,6 +126,8 @@ pub struct Report {
     pub stuck_rows: Vec<Key>,
     pub unpublished: u64,
     pub messages_left: u64,
+    /// Processes that did not shut down cleanly (see [`History::hung`]).
+    pub hung: Vec<String>,
 }
 
 impl Report {
@@ -136,13 +140,14 @@ impl Report {
     }
 
     /// The soak's assertion: nothing lost, unexpected, misfiled or stuck; every duplicate
-    /// explained by an uncertain window.
+    /// explained by an uncertain window; every process shut down cleanly.
     pub fn holds(&self) -> bool {
         self.lost.is_empty()
             && self.unexpected.is_empty()
             && self.misfiled.is_empty()
             && self.stuck() == 0
             && self.unexplained() == 0
+            && self.hung.is_empty()
     }
 }
 
@@ -162,6 +167,7 @@ pub fn check(h: &History) -> Report {
         committed: h.committed.len(),
         unpublished: h.unpublished,
         messages_left: h.messages_left,
+        hung: h.hung.clone(),
         ..Report::default()
     };
     let mut wanted = BTreeSet::new();
@@ -270,7 +276,7 @@ fn unclosed_windows(
 impl fmt::Display for Report {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let explained = self.duplicates.len() - self.unexplained();
-        let rows: [(&str, String); 11] = [
+        let rows: [(&str, String); 12] = [
             ("seed", self.seed.to_string()),
             (
                 "committed",
@@ -299,6 +305,7 @@ impl fmt::Display for Report {
                     self.messages_left
                 ),
             ),
+            ("hung", self.hung.len().to_string()),
             ("verdict", if self.holds() { "ok" } else { "FAILED" }.into()),
         ];
         for (name, value) in rows {
@@ -320,6 +327,7 @@ impl fmt::Display for Report {
                 "stuck",
                 &self.stuck_rows.iter().map(Key::to_string).collect(),
             ),
+            ("hung", &self.hung),
         ];
         for (what, items) in details {
             let items: &Vec<String> = items;

@@ -26,6 +26,10 @@ pub const WORKER_ARGS: &[&str] = &[
     "16",
 ];
 
+/// How long a process may take to exit after SIGTERM: mailroom's default shutdown grace (30 s)
+/// plus time to close its connections.
+const STOP_PATIENCE: Duration = Duration::from_secs(40);
+
 /// splitmix64: tiny, seedable, good enough to pick faults.
 pub struct Rng(u64);
 
@@ -295,25 +299,35 @@ impl<'a> Cluster<'a> {
         self.note("healed: nemesis off, every process running".into());
     }
 
-    /// SIGTERMs every process and waits for it (SIGKILL after a grace period).
-    pub async fn stop(&mut self) {
-        for slot in &mut self.slots {
-            if let Some(mut child) = slot.child.take() {
-                if let Some(pid) = child.id() {
-                    let _ = Command::new("kill")
-                        .args(["-TERM", &pid.to_string()])
-                        .status()
-                        .await;
-                }
-                if tokio::time::timeout(Duration::from_secs(30), child.wait())
-                    .await
-                    .is_err()
-                {
+    /// SIGTERMs every process and waits for it (SIGKILL after [`STOP_PATIENCE`]); returns
+    /// those that did not exit 0 in time: mailroom promises to finish within its shutdown
+    /// grace and exit 0, and the drain left nothing in flight.
+    pub async fn stop(&mut self) -> Vec<String> {
+        let mut hung = Vec::new();
+        for i in 0..self.slots.len() {
+            let name = self.slots[i].name();
+            let Some(mut child) = self.slots[i].child.take() else {
+                continue;
+            };
+            if let Some(pid) = child.id() {
+                let _ = Command::new("kill")
+                    .args(["-TERM", &pid.to_string()])
+                    .status()
+                    .await;
+            }
+            match tokio::time::timeout(STOP_PATIENCE, child.wait()).await {
+                Ok(Ok(status)) if status.success() => {}
+                Ok(status) => hung.push(format!("{name}: {status:?} after SIGTERM")),
+                Err(_) => {
                     let _ = child.kill().await;
+                    hung.push(format!(
+                        "{name}: still running {STOP_PATIENCE:?} after SIGTERM (SIGKILLed)"
+                    ));
                 }
             }
         }
         self.note("stopped every process".into());
+        hung
     }
 }
 

@@ -173,3 +173,13 @@ fn sending_rows_unpublished_rows_and_leftover_messages_are_stuck() {
     assert_eq!(r.stuck(), 6);
     assert!(!r.holds());
 }
+
+#[test]
+fn a_process_that_did_not_exit_cleanly_after_sigterm_fails_the_run() {
+    let mut h = clean();
+    h.hung = vec!["worker-1.5: still running 40s after SIGTERM (SIGKILLed)".into()];
+    let r = check(&h);
+    assert_eq!(r.hung.len(), 1);
+    assert!(!r.holds(), "{r}");
+    assert!(r.to_string().contains("hung: worker-1.5"), "{r}");
+}
