@@ -7,13 +7,14 @@
 //! it never sends on a claim, or acks on a record, that is not durable.
 //!
 //! Nothing waits for a group to fill: the first write goes at once, and whatever arrives while
-//! a group is being written goes in the next one. At low load groups are single writes; under
-//! load they grow by themselves.
+//! the groups in flight (two at most) are being written goes in the next one. At low load
+//! groups are single writes; under load they grow by themselves.
 //!
 //! A group holds each `(job_id, kind)` once (a second write of the same key waits for the next
-//! group), so no statement touches a row twice. If a group fails on a statement error (a
-//! deadlock between two workers' groups over a duplicate delivery, a key inserted concurrently
-//! on MySQL), each of its writes is done again on its own; a connection error is every write's.
+//! group), so no statement touches a row twice. If a group fails on a deadlock between two
+//! workers' groups (over a duplicate delivery) or a key inserted concurrently (MySQL), each of
+//! its writes is done again on its own; any other error (no connection, the server down) is
+//! every member's at once, so an outage costs a delivery one wait, not two.
 //! Replays and records without a claim token are rare and always go alone.
 
 use std::collections::{HashMap, HashSet, VecDeque};
@@ -21,7 +22,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{Semaphore, mpsc, oneshot};
 use uuid::Uuid;
 
 use super::Database;
@@ -234,7 +235,14 @@ fn writer_gone() -> sqlx::Error {
     sqlx::Error::WorkerCrashed
 }
 
-/// The group writer: takes what is waiting (up to `max`), writes it, answers, repeats.
+/// Groups written at once. One would serialise every delivery behind the group in flight: while
+/// the database cannot give a connection, a delivery would wait out the acquire timeout of the
+/// group ahead of it and then its own. Two keep groups large under load (each holds what
+/// arrived while the other was written) and halve that wait.
+const GROUPS_IN_FLIGHT: usize = 2;
+
+/// The group writer: takes what is waiting (up to `max`), writes it, answers, repeats, with up
+/// to [`GROUPS_IN_FLIGHT`] groups being written at once.
 async fn write_groups(
     db: Database,
     mut queue: mpsc::Receiver<Op>,
@@ -243,7 +251,12 @@ async fn write_groups(
 ) {
     // Writes that could not join the last group (same key as a member, another lease).
     let mut waiting: VecDeque<Op> = VecDeque::new();
+    let in_flight = Arc::new(Semaphore::new(GROUPS_IN_FLIGHT));
     loop {
+        // Collect the next group only once it can be written: what arrives meanwhile joins it.
+        let Ok(slot) = in_flight.clone().acquire_owned().await else {
+            return;
+        };
         let mut members: Vec<Op> = Vec::new();
         let mut keys: HashSet<(String, String)> = HashSet::new();
         let mut policy: Option<(Duration, bool)> = None;
@@ -285,7 +298,11 @@ async fn write_groups(
             }
         }
         waiting = next;
-        write(&db, members, &stats).await;
+        let (db, stats) = (db.clone(), stats.clone());
+        tokio::spawn(async move {
+            write(&db, members, &stats).await;
+            drop(slot);
+        });
     }
 }
 
@@ -314,7 +331,7 @@ async fn write(db: &Database, members: Vec<Op>, stats: &LedgerStats) {
     group.sort();
     match db.write_group(&group).await {
         Ok(result) => answer(&group, result, members),
-        Err(e @ sqlx::Error::Database(_)) if members.len() > 1 => {
+        Err(e) if members.len() > 1 && worth_splitting(&e) => {
             // A statement failed (a deadlock with another worker's group, a key inserted
             // meanwhile): each write on its own, at once, so none waits behind another.
             stats.split.fetch_add(1, Ordering::Relaxed);
@@ -335,6 +352,21 @@ async fn write(db: &Database, members: Vec<Op>, stats: &LedgerStats) {
                 }
             }
         }
+    }
+}
+
+/// Whether a group's error belongs to the group rather than to the database: a deadlock with
+/// another worker's group or a key inserted meanwhile, which its members written one by one
+/// will not meet. Anything else (no connection, a timeout, the server down) each member would
+/// meet again alone, after as long a wait.
+fn worth_splitting(e: &sqlx::Error) -> bool {
+    match e {
+        // 40P01 deadlock_detected (PostgreSQL); 40001 serialization failure, which MySQL
+        // reports for a deadlock (1213).
+        sqlx::Error::Database(db) => {
+            db.is_unique_violation() || matches!(db.code().as_deref(), Some("40P01" | "40001"))
+        }
+        _ => false,
     }
 }
 

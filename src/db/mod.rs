@@ -72,7 +72,8 @@ impl Database {
 
     /// [`Database::connect_lazy`]; `ping_before_use: false` saves a round trip per use, for
     /// callers that simply try again after a failed statement (the relay's loop): its idle
-    /// probe is then one statement on the wire, not a ping and a statement.
+    /// probe is then the statement and the ping sqlx 0.9 always sends when a connection returns
+    /// to the pool, not two pings and the statement.
     pub fn connect_lazy_with(
         url: &SecretUrl,
         max_connections: u32,
