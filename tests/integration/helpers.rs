@@ -545,11 +545,25 @@ impl TestApp {
         .unwrap();
     }
 
-    /// Begins a transaction on this test's database.
+    /// Begins a transaction on this test's database. Like an application's request, it tries
+    /// again when the connection breaks before anything was written (seen once on MariaDB just
+    /// after the disruptive tests had SIGKILLed and restarted it).
     pub async fn begin(&self) -> TestTx {
-        match &self.db {
-            Database::Postgres(pool) => TestTx::Pg(pool.begin().await.unwrap()),
-            Database::MySql(pool) => TestTx::My(pool.begin().await.unwrap()),
+        let mut attempt = 1;
+        loop {
+            let begun = match &self.db {
+                Database::Postgres(pool) => pool.begin().await.map(TestTx::Pg),
+                Database::MySql(pool) => pool.begin().await.map(TestTx::My),
+            };
+            match begun {
+                Ok(tx) => return tx,
+                Err(e) if attempt < 5 && matches!(e, sqlx::Error::Io(_)) => {
+                    eprintln!("begin failed ({e}); trying again");
+                    attempt += 1;
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+                Err(e) => panic!("cannot begin a transaction: {e}"),
+            }
         }
     }
 
