@@ -264,18 +264,18 @@ async fn write_groups(
         let mut admit = |op: Op, members: &mut Vec<Op>, next: &mut VecDeque<Op>| {
             let (job_id, kind) = op.key();
             let key = (job_id.to_owned(), kind.to_owned());
-            let fits = match &op {
+            // A claim fixes the group's lease and policy only once it is admitted.
+            let claim_policy = match &op {
                 Op::Claim {
                     lease,
                     resend_uncertain,
                     ..
-                } => {
-                    *policy.get_or_insert((*lease, *resend_uncertain))
-                        == (*lease, *resend_uncertain)
-                }
-                Op::Record { .. } => true,
+                } => Some((*lease, *resend_uncertain)),
+                Op::Record { .. } => None,
             };
+            let fits = claim_policy.is_none() || policy.is_none() || policy == claim_policy;
             if members.len() < max && fits && !keys.contains(&key) {
+                policy = policy.or(claim_policy);
                 keys.insert(key);
                 members.push(op);
             } else {
