@@ -49,6 +49,31 @@ pub fn engine() -> Engine {
     }
 }
 
+/// Whether the calling test runs on the suite's engine. If not, it is skipped, visibly: a
+/// `SKIP` line on stderr (shown with `--nocapture`), and the test's name appended to the file
+/// named by `MAILROOM_TEST_SKIPS`, which `scripts/test` lists after each engine's pass, failing
+/// the run if a test was skipped on every engine. Use as
+/// `if !runs_on(Engine::Postgres, "LISTEN/NOTIFY is PostgreSQL's") { return; }`.
+pub fn runs_on(wanted: Engine, why: &str) -> bool {
+    let here = engine();
+    if here == wanted {
+        return true;
+    }
+    // libtest runs each test on a thread named after it.
+    let test = std::thread::current().name().unwrap_or("?").to_string();
+    eprintln!("SKIP {test} on {here:?}: {why}");
+    if let Some(path) = std::env::var_os("MAILROOM_TEST_SKIPS") {
+        use std::io::Write;
+        let mut file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+            .unwrap();
+        writeln!(file, "{test}\t{why}").unwrap();
+    }
+    false
+}
+
 /// Creates an empty database of the suite's engine; returns its URL.
 async fn create_database(name: &str) -> String {
     let admin = match engine() {

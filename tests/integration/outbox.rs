@@ -83,8 +83,11 @@ async fn invalid_jobs_are_refused_at_enqueue_naming_the_field() {
 
 #[tokio::test]
 async fn a_notification_wakes_the_relay_long_before_its_fallback_poll() {
-    if engine() != Engine::Postgres {
-        return eprintln!("skipped: LISTEN/NOTIFY is PostgreSQL's (MySQL polls, tested below)");
+    if !runs_on(
+        Engine::Postgres,
+        "LISTEN/NOTIFY is PostgreSQL's (MySQL polls, tested below)",
+    ) {
+        return;
     }
     let app = TestApp::spawn().await;
     let worker = app.start_worker(&[]);
@@ -102,8 +105,11 @@ async fn a_notification_wakes_the_relay_long_before_its_fallback_poll() {
 
 #[tokio::test]
 async fn an_idle_mysql_relay_polls_without_locks_and_picks_up_a_new_row() {
-    if engine() != Engine::MySql {
-        return eprintln!("skipped: the adaptive poll is MySQL's (PostgreSQL uses NOTIFY)");
+    if !runs_on(
+        Engine::MySql,
+        "the adaptive poll is MySQL's (PostgreSQL uses NOTIFY)",
+    ) {
+        return;
     }
     let app = TestApp::spawn().await;
     let worker = app.start_worker(&[]);
