@@ -4,6 +4,7 @@
 
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use tokio::sync::watch;
 
@@ -63,6 +64,10 @@ impl Default for Stats {
 }
 
 impl Stats {
+    /// How long [`Stats::wait_until`] waits: longer than any test's honest wait (retry tiers,
+    /// an expired lease), short enough that a stuck test fails instead of hanging CI.
+    pub const WAIT_LIMIT: Duration = Duration::from_secs(120);
+
     pub(crate) fn bump(counter: &AtomicU64) {
         counter.fetch_add(1, Ordering::Relaxed);
     }
@@ -109,16 +114,88 @@ impl Stats {
         }
     }
 
-    /// Waits until `done` holds for a snapshot taken after a settle (or right away).
-    pub async fn wait_until(&self, mut done: impl FnMut(&Snapshot) -> bool) {
+    /// Waits until `done` holds for a snapshot taken after a settle (or right away), for at
+    /// most [`Stats::WAIT_LIMIT`].
+    ///
+    /// # Panics
+    /// When `done` does not hold within the limit (a stuck job, or a count that jumped past
+    /// an exact target, e.g. a duplicate): the message shows the last snapshot. A test helper:
+    /// production code has nothing to wait for.
+    pub async fn wait_until(&self, done: impl FnMut(&Snapshot) -> bool) {
+        if let Err(e) = self.wait_until_within(Stats::WAIT_LIMIT, done).await {
+            panic!("Stats::wait_until: {e}");
+        }
+    }
+
+    /// Waits until `done` holds for a snapshot taken after a settle (or right away); gives up
+    /// after `limit` with the last snapshot.
+    pub async fn wait_until_within(
+        &self,
+        limit: Duration,
+        mut done: impl FnMut(&Snapshot) -> bool,
+    ) -> Result<Snapshot, WaitTimedOut> {
         let mut rx = self.settled.subscribe();
+        let deadline = tokio::time::Instant::now() + limit;
         loop {
-            if done(&self.snapshot()) {
-                return;
+            let now = self.snapshot();
+            if done(&now) {
+                return Ok(now);
             }
-            if rx.changed().await.is_err() {
-                return;
+            // `changed` cannot fail (`self` owns the sender); the deadline can pass.
+            if !matches!(
+                tokio::time::timeout_at(deadline, rx.changed()).await,
+                Ok(Ok(()))
+            ) {
+                let last = self.snapshot();
+                return match done(&last) {
+                    true => Ok(last),
+                    false => Err(WaitTimedOut { limit, last }),
+                };
             }
         }
+    }
+}
+
+/// [`Stats::wait_until_within`] ran out of time.
+#[derive(Clone, Copy, Debug, thiserror::Error)]
+#[error("the condition did not hold within {limit:?}; last snapshot: {last:?}")]
+pub struct WaitTimedOut {
+    pub limit: Duration,
+    pub last: Snapshot,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_wait_whose_condition_never_holds_times_out_with_the_last_snapshot() {
+        let stats = Stats::default();
+        Stats::bump(&stats.sent);
+        Stats::bump(&stats.sent);
+        stats.settled();
+        // Overshot: an exact target that a duplicate jumped past never holds.
+        let e = stats
+            .wait_until_within(Duration::from_millis(50), |s| s.sent == 1)
+            .await
+            .unwrap_err();
+        assert_eq!(e.last.sent, 2);
+        assert!(e.to_string().contains("sent: 2"), "{e}");
+    }
+
+    #[tokio::test]
+    async fn a_wait_returns_once_a_settle_makes_the_condition_hold() {
+        let stats = Arc::new(Stats::default());
+        let settler = stats.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            Stats::bump(&settler.sent);
+            settler.settled();
+        });
+        let snap = stats
+            .wait_until_within(Duration::from_secs(10), |s| s.sent == 1)
+            .await
+            .unwrap();
+        assert_eq!(snap.sent, 1);
     }
 }
