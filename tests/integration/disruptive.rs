@@ -26,9 +26,11 @@ async fn sh(script: &str) {
 
 /// SIGKILLs the processes named `name` (a pgrep pattern) and waits until they are gone (a
 /// supervisor such as mysqld_safe may start a new one meanwhile: that is not waited for).
+/// Fails when no such process runs: a fault that kills nothing tests nothing.
 async fn kill_process(name: &str) {
     sh(&format!(
-        "pids=$(pgrep -x '{name}'); [ -n \"$pids\" ]; kill -KILL $pids; \
+        "set -eu; pids=$(pgrep -x '{name}') || {{ echo 'no {name} process to kill' >&2; exit 1; }}; \
+         kill -KILL $pids; \
          for p in $pids; do while kill -0 $p 2>/dev/null; do sleep 0.1; done; done"
     ))
     .await;
@@ -92,9 +94,21 @@ async fn disruptive_broker_killed_mid_batch_loses_nothing_and_sends_each_once() 
         (relay.published() >= 500).then_some(())
     })
     .await;
+    let in_flight = worker.stats.in_flight();
     kill_broker().await;
+    // Work remained when the broker died: rows to publish, emails to send, deliveries unacked.
+    let (published, sent) = (relay.published(), app.smtp.received().len());
+    assert!(
+        published < total as u64 && sent < total && in_flight > 0,
+        "the kill landed on no work: {published} published, {sent} sent, {in_flight} in flight"
+    );
     restart_services().await;
     assert_each_sent_once(&app, total).await;
+    // The relay reconnected and published the rest (the worker's part: every email sent).
+    assert!(
+        relay.published() > published,
+        "nothing published after the kill"
+    );
     relay.stop().await;
     worker.stop().await;
 }
@@ -111,9 +125,22 @@ async fn disruptive_database_crashed_under_load_loses_nothing_and_sends_each_onc
         (worker.stats.snapshot().sent >= 200).then_some(())
     })
     .await;
+    let in_flight = worker.stats.in_flight();
     crash_database().await;
+    // Work remained when the database died: emails to send, deliveries being processed.
+    let (before, sent) = (worker.stats.snapshot(), app.smtp.received().len());
+    assert!(
+        sent < total && in_flight > 0,
+        "the crash landed on no work: {sent} sent, {in_flight} in flight"
+    );
     restart_services().await;
     assert_each_sent_once(&app, total).await;
+    // The claims and records the crash broke went to a retry tier.
+    let after = worker.stats.snapshot();
+    assert!(
+        after.retried > before.retried,
+        "no delivery retried after the crash: {before:?} -> {after:?}"
+    );
     relay.stop().await;
     worker.stop().await;
 }

@@ -31,6 +31,7 @@ pub struct FaultProxy {
     pub port: u16,
     fault: Arc<watch::Sender<Fault>>,
     open: Arc<AtomicUsize>,
+    forwarded: Arc<AtomicUsize>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -42,16 +43,18 @@ impl FaultProxy {
         let fault = Arc::new(watch::Sender::new(Fault::Pass));
         let rx = fault.subscribe();
         let open = Arc::new(AtomicUsize::new(0));
-        let counted = open.clone();
+        let forwarded = Arc::new(AtomicUsize::new(0));
+        let counts = (open.clone(), forwarded.clone());
         let task = tokio::spawn(async move {
             while let Ok((client, _)) = listener.accept().await {
-                tokio::spawn(connection(client, target_port, rx.clone(), counted.clone()));
+                tokio::spawn(connection(client, target_port, rx.clone(), counts.clone()));
             }
         });
         FaultProxy {
             port,
             fault,
             open,
+            forwarded,
             task,
         }
     }
@@ -59,6 +62,12 @@ impl FaultProxy {
     /// Connections being forwarded now (a reset one no longer counts).
     pub fn open(&self) -> usize {
         self.open.load(Ordering::SeqCst)
+    }
+
+    /// Connections forwarded to the service since the start: a client that reconnects after a
+    /// fault makes it grow.
+    pub fn forwarded(&self) -> usize {
+        self.forwarded.load(Ordering::SeqCst)
     }
 
     /// Switches the fault, for open connections and new ones.
@@ -86,7 +95,7 @@ async fn connection(
     client: TcpStream,
     target_port: u16,
     mut fault: watch::Receiver<Fault>,
-    open: Arc<AtomicUsize>,
+    (open, forwarded): (Arc<AtomicUsize>, Arc<AtomicUsize>),
 ) {
     let _ = client.set_nodelay(true);
     // A new connection during a partition waits for it to end before reaching the service.
@@ -106,6 +115,7 @@ async fn connection(
     };
     let _ = upstream.set_nodelay(true);
     open.fetch_add(1, Ordering::SeqCst);
+    forwarded.fetch_add(1, Ordering::SeqCst);
     let (client_r, client_w) = client.into_split();
     let (upstream_r, upstream_w) = upstream.into_split();
     tokio::join!(

@@ -56,7 +56,8 @@ async fn sigterm_with_50_jobs_in_flight_sends_all_once_and_exits_0() {
 #[tokio::test]
 async fn closing_all_broker_connections_under_load_loses_and_duplicates_nothing() {
     let vhost = Vhost::create().await;
-    let app = TestApp::spawn_on(vhost.url.clone(), &["--data-delay", "0.02"]).await;
+    // 0.1 s per send, 4 at a time: about 8 s for all, so the close lands mid-run.
+    let app = TestApp::spawn_on(vhost.url.clone(), &["--data-delay", "0.1"]).await;
     let worker = app.start_worker(&["--concurrency", "4"]);
     let total = 300;
     for i in 0..total {
@@ -64,12 +65,28 @@ async fn closing_all_broker_connections_under_load_loses_and_duplicates_nothing(
     }
     worker.stats.wait_until(|s| s.sent >= 30).await;
     vhost.close_all_connections().await;
+    let sent_by_then = app.smtp.received().len();
+    assert!(
+        sent_by_then < total as usize,
+        "the close landed after the last send: it tested nothing"
+    );
+    // The deliveries in flight lost their channel: their acks fail, the broker hands the
+    // copies back, and the ledger turns away those already sent.
+    eventually("an ack lost with the connection", || async {
+        (worker.stats.snapshot().unsettled >= 1).then_some(())
+    })
+    .await;
     // The test's own publisher connection went too; only the worker must recover.
     eventually("every job sent", || async {
         (app.count_status("sent").await == total).then_some(())
     })
     .await;
     let received = app.smtp.wait_for(total as usize).await;
+    eventually(
+        "a copy redelivered after the close acked as a duplicate",
+        || async { (worker.stats.snapshot().duplicates >= 1).then_some(()) },
+    )
+    .await;
     worker.stop().await;
     let ids: HashSet<_> = received
         .iter()
@@ -105,8 +122,11 @@ async fn a_work_queue_deleted_under_a_running_worker_is_declared_again_and_consu
 
 #[tokio::test]
 async fn a_relay_whose_listener_backend_is_terminated_still_relays() {
-    if engine() != mailroom::db::Engine::Postgres {
-        return eprintln!("skipped: LISTEN/NOTIFY is PostgreSQL's");
+    if !runs_on(
+        mailroom::db::Engine::Postgres,
+        "LISTEN/NOTIFY is PostgreSQL's",
+    ) {
+        return;
     }
     let app = TestApp::spawn().await;
     let worker = app.start_worker(&[]);

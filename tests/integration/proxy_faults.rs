@@ -46,6 +46,58 @@ async fn assert_all_sent(app: &TestApp, ids: &[String]) -> Vec<String> {
     twice
 }
 
+/// The state of the run when a fault landed.
+struct Landed {
+    received: usize,
+    retried: u64,
+    duplicates: u64,
+    forwarded: usize,
+}
+
+/// Switches `proxy` to `fault`, first asserting that the fault lands on work in flight: emails
+/// still to send and deliveries being processed (unacked). A fault after the last send would
+/// test nothing.
+fn land(app: &TestApp, worker: &RunningWorker, proxy: &FaultProxy, fault: Fault) -> Landed {
+    let received = app.smtp.received().len();
+    let in_flight = worker.stats.in_flight();
+    assert!(
+        received < JOBS && in_flight > 0,
+        "{fault:?} would land on no work: {received} of {JOBS} sent, {in_flight} deliveries in flight"
+    );
+    let s = worker.stats.snapshot();
+    let landed = Landed {
+        received,
+        retried: s.retried,
+        duplicates: s.duplicates,
+        forwarded: proxy.forwarded(),
+    };
+    proxy.set(fault);
+    landed
+}
+
+/// Sends the fault broke were retried.
+async fn retried_since(worker: &RunningWorker, landed: &Landed, what: &str) {
+    eventually(what, || async {
+        (worker.stats.snapshot().retried > landed.retried).then_some(())
+    })
+    .await;
+}
+
+/// The worker opened new connections through the proxy.
+async fn reconnected_since(proxy: &FaultProxy, landed: &Landed, what: &str) {
+    eventually(what, || async {
+        (proxy.forwarded() > landed.forwarded).then_some(())
+    })
+    .await;
+}
+
+/// While the fault held, at most `most` more emails went out (those already past the faulted
+/// service), far fewer than an unfaulted worker sends meanwhile.
+fn held_back(app: &TestApp, landed: &Landed, most: usize, what: &str) {
+    let during = app.smtp.received().len() - landed.received;
+    assert!(during <= most, "{what}: {during} emails sent while it held");
+}
+
 #[tokio::test]
 async fn smtp_connections_reset_then_partitioned_mid_load_every_job_is_sent() {
     let app = TestApp::spawn().await;
@@ -59,14 +111,18 @@ async fn smtp_connections_reset_then_partitioned_mid_load_every_job_is_sent() {
     // A slow network first: every chunk late, well within the send timeout.
     proxy.set(Fault::Delay(Duration::from_millis(50)));
     app.smtp.wait_for(10).await;
-    proxy.set(Fault::Reset);
+    let reset = land(&app, &worker, &proxy, Fault::Reset);
     tokio::time::sleep(Duration::from_millis(500)).await;
     proxy.set(Fault::Pass);
+    retried_since(&worker, &reset, "a send the reset broke retried").await;
     app.smtp.wait_for(25).await;
     // Longer than --smtp-timeout (2s): sends in flight time out as uncertain and are resent.
-    proxy.set(Fault::Blackhole);
+    let partition = land(&app, &worker, &proxy, Fault::Blackhole);
     tokio::time::sleep(Duration::from_secs(3)).await;
+    // At most the sends whose final dot had crossed already.
+    held_back(&app, &partition, 8, "the SMTP partition");
     proxy.set(Fault::Pass);
+    retried_since(&worker, &partition, "a send that timed out retried").await;
 
     let twice = assert_all_sent(&app, &ids).await;
     eprintln!("sent twice in the uncertain window: {twice:?}");
@@ -74,26 +130,38 @@ async fn smtp_connections_reset_then_partitioned_mid_load_every_job_is_sent() {
     app.drain_duplicates().await;
 }
 
+/// Each send takes this long at the server, so the faults land on a worker still busy.
+const SLOW_SERVER: &[&str] = &["--data-delay", "0.2"];
+
 #[tokio::test]
 async fn broker_connection_reset_then_partitioned_mid_load_every_job_is_sent_once() {
-    let app = TestApp::spawn().await;
+    let app = TestApp::spawn_with(SLOW_SERVER).await;
     let amqp_port = url::Url::parse(&app.amqp_url)
         .unwrap()
         .port_or_known_default()
         .unwrap();
     let proxy = FaultProxy::start(amqp_port).await;
     let url = proxy.url_through(&app.amqp_url);
-    let worker = app.start_worker(&["--amqp-url", &url]);
+    // A prefetch of one delivery per slot: every new delivery crosses the proxy.
+    let worker = app.start_worker(&["--amqp-url", &url, "--prefetch", "8"]);
     let ids = ids("broker-net");
     publish_all(&app, &ids).await;
 
     app.smtp.wait_for(10).await;
-    proxy.set(Fault::Reset);
+    let reset = land(&app, &worker, &proxy, Fault::Reset);
     tokio::time::sleep(Duration::from_millis(500)).await;
     proxy.set(Fault::Pass);
+    reconnected_since(&proxy, &reset, "the worker reconnected").await;
+    // The deliveries in flight at the reset lost their acks; their copies came back.
+    eventually("a redelivered copy acked as a duplicate", || async {
+        (worker.stats.snapshot().duplicates > reset.duplicates).then_some(())
+    })
+    .await;
     app.smtp.wait_for(25).await;
-    proxy.set(Fault::Blackhole);
+    let partition = land(&app, &worker, &proxy, Fault::Blackhole);
     tokio::time::sleep(Duration::from_secs(3)).await;
+    // Only the deliveries already prefetched can be sent; 3 s would send all the rest.
+    held_back(&app, &partition, 8, "the broker partition");
     proxy.set(Fault::Pass);
 
     let twice = assert_all_sent(&app, &ids).await;
@@ -107,7 +175,7 @@ async fn broker_connection_reset_then_partitioned_mid_load_every_job_is_sent_onc
 
 #[tokio::test]
 async fn database_connections_reset_then_partitioned_mid_load_every_job_is_sent_once() {
-    let app = TestApp::spawn().await;
+    let app = TestApp::spawn_with(SLOW_SERVER).await;
     let pg_port = url::Url::parse(&app.db_url).unwrap().port().unwrap_or(5432);
     let proxy = FaultProxy::start(pg_port).await;
     let url = proxy.url_through(&app.db_url);
@@ -116,13 +184,16 @@ async fn database_connections_reset_then_partitioned_mid_load_every_job_is_sent_
     publish_all(&app, &ids).await;
 
     app.smtp.wait_for(10).await;
-    proxy.set(Fault::Reset);
+    let reset = land(&app, &worker, &proxy, Fault::Reset);
     tokio::time::sleep(Duration::from_millis(300)).await;
     proxy.set(Fault::Pass);
+    reconnected_since(&proxy, &reset, "the worker's pool reconnected").await;
     app.smtp.wait_for(25).await;
     // Shorter than half the lease: a `sent` record stuck behind it is retried, not given up.
-    proxy.set(Fault::Blackhole);
+    let partition = land(&app, &worker, &proxy, Fault::Blackhole);
     tokio::time::sleep(Duration::from_secs(1)).await;
+    // Every send needs a claim first: only the 8 deliveries (--concurrency) past theirs.
+    held_back(&app, &partition, 8, "the database partition");
     proxy.set(Fault::Pass);
 
     let twice = assert_all_sent(&app, &ids).await;
