@@ -224,6 +224,14 @@ impl Worker {
         let sent = self.mailer.send(&message).await;
         self.stats.smtp_latency.observe(started.elapsed());
         self.breaker.record(&sent);
+        if let Err(e) = &sent {
+            let window = if matches!(e, SendError::Uncertain { .. }) {
+                "uncertain"
+            } else {
+                "failed"
+            };
+            tracing::info!(window, error = %e, "uncertain window ends: send failed");
+        }
         match sent {
             Ok(reply) => {
                 if let Some(created) = j.created_at {

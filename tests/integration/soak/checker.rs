@@ -2,13 +2,18 @@
 //! and what every party recorded (ledger, SMTP server, dead-letter queue, worker logs) to a
 //! [`Report`]. No I/O here, so it is unit-tested on hand-made histories below.
 //!
-//! A duplicate is *explained* only by an uncertain window that never closed: a worker process
-//! logged `window="sending"` (reply may be lost: timeout, or killed mid-send, W2) or
-//! `window="accepted"` (SMTP said 250, `sent` not yet recorded, W1) for that job, and never
-//! logged `window="closed"` (recorded `sent`) after it. Each extra copy needs a window of its own.
+//! A duplicate is *explained* only by windows ([`windows`]) that ended where the README's
+//! Guarantees allow a second email: the process was SIGKILLed inside the window, its send ended
+//! uncertain, or it could not record `sent`. A live worker's definite failure, retry or
+//! taken-over claim explains nothing. Each extra copy needs a window of its own.
+
+mod windows;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt;
+
+use windows::JobWindows;
+pub use windows::{Window, WindowEvent};
 
 /// The idempotency key of a job.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -57,22 +62,6 @@ pub struct DeadLetterSeen {
     pub reason: Option<String>,
 }
 
-/// A step of the uncertain window, as a worker logged it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Window {
-    Sending,
-    Accepted,
-    Closed,
-}
-
-/// One window event from the log of one worker process, in that log's order.
-#[derive(Clone, Debug)]
-pub struct WindowEvent {
-    pub process: String,
-    pub key: Key,
-    pub window: Window,
-}
-
 /// Everything observed after the drain.
 #[derive(Clone, Debug, Default)]
 pub struct History {
@@ -99,8 +88,10 @@ pub struct History {
 pub struct Duplicate {
     pub key: Key,
     pub copies: usize,
-    /// The windows that never closed: `W1`/`W2` and the process, `(killed)` if it was.
+    /// The windows that may explain an extra copy (`W1`/`W2`, process, attempt, ending).
     pub windows: Vec<String>,
+    /// The job's other windows, which explain nothing (for the report).
+    pub others: Vec<String>,
     pub explained: bool,
 }
 
@@ -161,7 +152,7 @@ pub fn check(h: &History) -> Report {
     for d in &h.dead_letters {
         dead.entry(&d.key).or_default().push(d);
     }
-    let open = unclosed_windows(&h.windows, &h.killed);
+    let windows = windows::per_job(&h.windows, &h.killed);
     let mut r = Report {
         seed: h.seed,
         committed: h.committed.len(),
@@ -189,7 +180,7 @@ pub fn check(h: &History) -> Report {
                         .push(format!("{}: good job dead-lettered ({why})", c.key));
                 }
                 if copies > 1 {
-                    r.duplicates.push(duplicate(&c.key, copies, &open));
+                    r.duplicates.push(duplicate(&c.key, copies, &windows));
                 }
             }
             Expect::DeadLetter { class } => {
@@ -224,53 +215,15 @@ fn fits(d: &DeadLetterSeen, class: &str) -> bool {
     d.class.as_deref() == Some(class) && d.reason.as_deref().is_some_and(|r| !r.is_empty())
 }
 
-fn duplicate(key: &Key, copies: usize, open: &HashMap<Key, Vec<String>>) -> Duplicate {
-    let windows = open.get(key).cloned().unwrap_or_default();
+fn duplicate(key: &Key, copies: usize, windows: &HashMap<Key, JobWindows>) -> Duplicate {
+    let JobWindows { excuses, others } = windows.get(key).cloned().unwrap_or_default();
     Duplicate {
         key: key.clone(),
         copies,
-        explained: windows.len() >= copies - 1,
-        windows,
+        explained: excuses.len() >= copies - 1,
+        windows: excuses,
+        others,
     }
-}
-
-/// Per job, every window a worker process opened and never closed.
-fn unclosed_windows(
-    events: &[WindowEvent],
-    killed: &BTreeSet<String>,
-) -> HashMap<Key, Vec<String>> {
-    let mut state: HashMap<(&str, &Key), Window> = HashMap::new();
-    let mut open: HashMap<Key, Vec<String>> = HashMap::new();
-    let mut leave = |process: &str, key: &Key, w: Window| {
-        let which = if w == Window::Accepted { "W1" } else { "W2" };
-        let fate = if killed.contains(process) {
-            " (killed)"
-        } else {
-            ""
-        };
-        open.entry(key.clone())
-            .or_default()
-            .push(format!("{which} {process}{fate}"));
-    };
-    for e in events {
-        let slot = (e.process.as_str(), &e.key);
-        match (state.get(&slot).copied(), e.window) {
-            (_, Window::Closed) => {
-                state.remove(&slot);
-            }
-            (Some(w), Window::Sending) => {
-                leave(slot.0, slot.1, w);
-                state.insert(slot, Window::Sending);
-            }
-            (_, w) => {
-                state.insert(slot, w);
-            }
-        }
-    }
-    for ((process, key), w) in state {
-        leave(process, key, w);
-    }
-    open
 }
 
 impl fmt::Display for Report {
@@ -315,8 +268,8 @@ impl fmt::Display for Report {
             let how = if d.explained { "" } else { "UNEXPLAINED " };
             writeln!(
                 f,
-                "  {how}duplicate {} ×{}: {:?}",
-                d.key, d.copies, d.windows
+                "  {how}duplicate {} ×{}: explained by {:?}; other windows {:?}",
+                d.key, d.copies, d.windows, d.others
             )?;
         }
         let details = [

@@ -173,7 +173,7 @@ impl<'a> Observer<'a> {
     }
 }
 
-/// The `window` events of every `worker-*.log` (JSON lines), in each file's order.
+/// The window events of every `worker-*.log` (JSON lines), in each file's order.
 fn windows(logs: &Path) -> Vec<WindowEvent> {
     let mut events = Vec::new();
     for entry in std::fs::read_dir(logs).unwrap() {
@@ -191,11 +191,8 @@ fn windows(logs: &Path) -> Vec<WindowEvent> {
             let Ok(v) = serde_json::from_str::<serde_json::Value>(line) else {
                 continue;
             };
-            let window = match v["window"].as_str() {
-                Some("sending") => Window::Sending,
-                Some("accepted") => Window::Accepted,
-                Some("closed") => Window::Closed,
-                _ => continue,
+            let Some(window) = window_of(&v) else {
+                continue;
             };
             let span = &v["span"];
             let (Some(job_id), Some(kind)) = (span["job_id"].as_str(), span["kind"].as_str())
@@ -205,9 +202,28 @@ fn windows(logs: &Path) -> Vec<WindowEvent> {
             events.push(WindowEvent {
                 process: process.to_string(),
                 key: Key::new(job_id, kind),
+                attempt: span["attempt"].as_i64().unwrap_or(0),
                 window,
             });
         }
     }
     events
+}
+
+/// The window event a log line marks: its `window` field, or one of the two outcomes the
+/// worker logs without one (a `sent` record refused because the claim was taken over, and a
+/// `sent` that could not be recorded, which goes to a retry tier).
+fn window_of(v: &serde_json::Value) -> Option<Window> {
+    if let Some(field) = v["window"].as_str() {
+        return Window::parse(field);
+    }
+    let message = v["message"].as_str()?;
+    let reason = v["reason"].as_str().unwrap_or_default();
+    if message.contains("claim had been taken over") {
+        Some(Window::TakenOver)
+    } else if message == "retry scheduled" && reason.starts_with("sent but could not record") {
+        Some(Window::Unrecorded)
+    } else {
+        None
+    }
 }

@@ -30,12 +30,29 @@ fn letter(job: &str, class: &str, reason: &str) -> DeadLetterSeen {
     }
 }
 
-fn event(process: &str, job: &str, window: Window) -> WindowEvent {
+/// One window event of job `job`'s claim number `attempt` in `process`'s log.
+fn event(process: &str, job: &str, attempt: i64, window: Window) -> WindowEvent {
     WindowEvent {
         process: process.into(),
         key: Key::new(job, "welcome"),
+        attempt,
         window,
     }
+}
+
+/// The events of one whole send that SMTP accepted and the process recorded.
+fn recorded(process: &str, job: &str, attempt: i64) -> Vec<WindowEvent> {
+    [Window::Sending, Window::Accepted, Window::Closed]
+        .map(|w| event(process, job, attempt, w))
+        .to_vec()
+}
+
+/// `clean()` with job `a` received twice and these window events.
+fn sent_twice(windows: Vec<WindowEvent>) -> History {
+    let mut h = clean();
+    h.received.push(mid("a"));
+    h.windows = windows;
+    h
 }
 
 /// Two good jobs sent once each, one bad job dead-lettered, ledger clean.
@@ -74,59 +91,188 @@ fn a_job_neither_received_nor_dead_lettered_is_lost() {
 }
 
 #[test]
-fn a_duplicate_after_an_unclosed_accepted_window_is_explained_as_w1() {
-    let mut h = clean();
-    h.received.push(mid("a"));
-    h.windows = vec![
-        event("worker-0.1", "a", Window::Sending),
-        event("worker-0.1", "a", Window::Accepted),
-        event("worker-1.1", "a", Window::Sending),
-        event("worker-1.1", "a", Window::Accepted),
-        event("worker-1.1", "a", Window::Closed),
-    ];
+fn a_duplicate_from_a_process_killed_after_smtp_accepted_is_explained_as_w1() {
+    let mut h = sent_twice(
+        [
+            vec![
+                event("worker-0.1", "a", 1, Window::Sending),
+                event("worker-0.1", "a", 1, Window::Accepted),
+            ],
+            recorded("worker-1.1", "a", 2),
+        ]
+        .concat(),
+    );
     h.killed.insert("worker-0.1".into());
     let r = check(&h);
     assert!(r.holds(), "{r}");
     assert_eq!(r.duplicates.len(), 1);
-    assert_eq!(r.duplicates[0].windows, ["W1 worker-0.1 (killed)"]);
+    assert_eq!(
+        r.duplicates[0].windows,
+        ["worker-0.1 attempt 1: W1: killed after SMTP accepted"]
+    );
+    assert_eq!(
+        r.duplicates[0].others,
+        ["worker-1.1 attempt 2: sent recorded"]
+    );
 }
 
 #[test]
-fn a_send_that_never_got_its_reply_explains_one_copy_as_w2() {
-    let mut h = clean();
-    h.received.push(mid("a"));
-    // Same process: the first send timed out, the retry was recorded.
-    h.windows = vec![
-        event("worker-0.1", "a", Window::Sending),
-        event("worker-0.1", "a", Window::Sending),
-        event("worker-0.1", "a", Window::Accepted),
-        event("worker-0.1", "a", Window::Closed),
-    ];
+fn a_send_that_never_got_its_reply_explains_one_copy() {
+    // Same process: the first send timed out after the dot, the retry was recorded.
+    let h = sent_twice(
+        [
+            vec![
+                event("worker-0.1", "a", 1, Window::Sending),
+                event("worker-0.1", "a", 1, Window::Uncertain),
+            ],
+            recorded("worker-0.1", "a", 2),
+        ]
+        .concat(),
+    );
     let r = check(&h);
     assert!(r.holds(), "{r}");
-    assert_eq!(r.duplicates[0].windows, ["W2 worker-0.1"]);
+    assert_eq!(
+        r.duplicates[0].windows,
+        ["worker-0.1 attempt 1: W1: uncertain send (reply lost)"]
+    );
+}
+
+#[test]
+fn a_sent_the_worker_could_not_record_explains_one_copy_as_w2() {
+    let h = sent_twice(
+        [
+            vec![
+                event("worker-0.1", "a", 1, Window::Sending),
+                event("worker-0.1", "a", 1, Window::Accepted),
+                event("worker-0.1", "a", 1, Window::Unrecorded),
+            ],
+            recorded("worker-2.1", "a", 2),
+        ]
+        .concat(),
+    );
+    let r = check(&h);
+    assert!(r.holds(), "{r}");
+    assert_eq!(
+        r.duplicates[0].windows,
+        ["worker-0.1 attempt 1: W2: sent, could not record it"]
+    );
 }
 
 #[test]
 fn a_duplicate_whose_windows_all_closed_is_unexplained() {
-    let mut h = clean();
-    h.received.push(mid("a"));
-    h.windows = vec![
-        event("worker-0.1", "a", Window::Sending),
-        event("worker-0.1", "a", Window::Accepted),
-        event("worker-0.1", "a", Window::Closed),
-    ];
-    let r = check(&h);
+    let r = check(&sent_twice(recorded("worker-0.1", "a", 1)));
     assert_eq!(r.unexplained(), 1);
     assert!(!r.holds());
     assert!(r.to_string().contains("UNEXPLAINED duplicate a/welcome ×2"));
 }
 
+/// A live worker's definite failure (4xx, refused, a break before the dot) and its retry on
+/// another worker: the first send reached no inbox, so it explains nothing.
+#[test]
+fn a_live_process_retrying_after_a_definite_failure_does_not_explain_a_duplicate() {
+    let h = sent_twice(
+        [
+            vec![
+                event("worker-0.1", "a", 1, Window::Sending),
+                event("worker-0.1", "a", 1, Window::Failed),
+            ],
+            recorded("worker-1.1", "a", 2),
+        ]
+        .concat(),
+    );
+    let r = check(&h);
+    assert_eq!(r.unexplained(), 1, "{r}");
+    assert!(r.duplicates[0].windows.is_empty(), "{r}");
+    assert!(!r.holds());
+}
+
+/// Issue 12 finding 1: a claim that waited for an SMTP session past its lease, while the
+/// job's second copy took the expired claim over in another live worker and sent; then the
+/// first holder sent too, and its record was refused. A lease violation, not a window.
+#[test]
+fn a_claim_taken_over_between_two_live_workers_does_not_explain_a_duplicate() {
+    let h = sent_twice(
+        [
+            vec![event("worker-0.1", "a", 1, Window::Sending)],
+            recorded("worker-1.1", "a", 2),
+            vec![
+                event("worker-0.1", "a", 1, Window::Accepted),
+                event("worker-0.1", "a", 1, Window::TakenOver),
+            ],
+        ]
+        .concat(),
+    );
+    let r = check(&h);
+    assert_eq!(r.unexplained(), 1, "{r}");
+    assert!(
+        r.to_string()
+            .contains("worker-0.1 attempt 1: record refused: claim taken over"),
+        "{r}"
+    );
+}
+
+/// The same takeover inside one process (both copies prefetched by one worker): the two
+/// claims are told apart by their attempt numbers, and neither window explains the copy.
+#[test]
+fn a_takeover_within_one_live_process_does_not_explain_a_duplicate() {
+    let h = sent_twice(vec![
+        event("worker-0.1", "a", 1, Window::Sending),
+        event("worker-0.1", "a", 2, Window::Sending),
+        event("worker-0.1", "a", 2, Window::Accepted),
+        event("worker-0.1", "a", 2, Window::Closed),
+        event("worker-0.1", "a", 1, Window::Accepted),
+        event("worker-0.1", "a", 1, Window::TakenOver),
+    ]);
+    let r = check(&h);
+    assert_eq!(r.unexplained(), 1, "{r}");
+}
+
+/// A window a live process never ended in its log is no evidence of W1/W2: only a SIGKILL
+/// ends a window without an outcome line.
+#[test]
+fn a_window_left_open_by_a_live_process_does_not_explain_a_duplicate() {
+    let h = sent_twice(
+        [
+            vec![
+                event("worker-0.1", "a", 1, Window::Sending),
+                event("worker-0.1", "a", 1, Window::Accepted),
+                event("worker-1.1", "a", 2, Window::Sending),
+            ],
+            recorded("worker-1.1", "a", 3),
+        ]
+        .concat(),
+    );
+    let r = check(&h);
+    assert_eq!(r.unexplained(), 1, "{r}");
+    assert_eq!(r.duplicates[0].others.len(), 3, "{r}");
+}
+
+/// A process killed after its window ended (`sent` recorded) does not explain a later copy.
+#[test]
+fn a_killed_process_explains_only_a_window_it_was_killed_in() {
+    let mut h = sent_twice(
+        [
+            recorded("worker-0.1", "a", 1),
+            vec![
+                event("worker-0.1", "b", 1, Window::Sending),
+                event("worker-0.1", "b", 1, Window::Accepted),
+            ],
+            recorded("worker-1.1", "a", 2),
+        ]
+        .concat(),
+    );
+    h.killed.insert("worker-0.1".into());
+    let r = check(&h);
+    assert_eq!(r.unexplained(), 1, "{r}");
+}
+
 #[test]
 fn every_extra_copy_needs_a_window_of_its_own() {
-    let mut h = clean();
-    h.received.extend([mid("a"), mid("a")]);
-    h.windows = vec![event("worker-0.1", "a", Window::Accepted)];
+    let mut h = sent_twice(vec![
+        event("worker-0.1", "a", 1, Window::Sending),
+        event("worker-0.1", "a", 1, Window::Uncertain),
+    ]);
+    h.received.push(mid("a"));
     let r = check(&h);
     assert_eq!(r.duplicates[0].copies, 3);
     assert_eq!(r.unexplained(), 1);
