@@ -1,7 +1,8 @@
 //! The chaos soak (issue 6): producers commit thousands of jobs (about 5 % bad) into the outbox
 //! while 3 worker and 2 relay processes run and a seeded nemesis SIGKILLs them, drops every
-//! broker connection of the soak's vhost, stalls SMTP (and, only where switched on, restarts
-//! the broker). Then it heals, drains, and the checker ([`checker`]) counts lost, duplicated,
+//! broker connection of the soak's vhost, stalls SMTP, starves one worker's SMTP pool while
+//! copies of recent jobs are published (`starve-smtp`: see [`cluster::STARVED_WORKER_ARGS`])
+//! (and, only where switched on, restarts the broker). Then it heals, drains, and the checker ([`checker`]) counts lost, duplicated,
 //! unexpected, misfiled and stuck jobs from what the SMTP server, the ledger, the dead-letter
 //! queue and the workers' logs recorded, and the processes that did not exit 0 on SIGTERM.
 //!
@@ -11,6 +12,7 @@
 
 mod checker;
 mod cluster;
+mod copies;
 mod observe;
 
 use std::time::Duration;
@@ -106,7 +108,7 @@ async fn soak(s: Settings) {
         &["--stall-file", stall_file.to_str().unwrap()],
     )
     .await;
-    let mut cluster = Cluster::start(&app, files.path(), &stall_file);
+    let mut cluster = Cluster::start(&app, files.path(), &stall_file, &s.ops);
     let mut rng = Rng::new(s.seed);
     let plan = plan(&mut rng, s.jobs);
     let until = Instant::now() + s.nemesis;

@@ -26,6 +26,33 @@ pub const WORKER_ARGS: &[&str] = &[
     "16",
 ];
 
+/// Worker slot 2 when the nemesis may starve SMTP (`starve-smtp`): one SMTP session for 16
+/// deliveries at once, and a lease a wait for that session easily outlives (a stalled server
+/// takes 1.5 s per message, so the 16th delivery waits about 22 s). The other two workers keep
+/// [`WORKER_ARGS`], so the soak's throughput does not hang on one session. A claim taken
+/// before that wait (issue 12, finding 1) expires; a copy of the job then takes it over in
+/// another worker, and both send: an unexplained duplicate.
+pub const STARVED_WORKER_ARGS: &[&str] = &[
+    "--lease",
+    "5s",
+    "--smtp-timeout",
+    "3s",
+    "--smtp-connections",
+    "1",
+    "--max-attempts",
+    "30",
+    "--concurrency",
+    "16",
+    "--prefetch",
+    "32",
+];
+
+/// The SMTP server's wait per message while `starve-smtp` holds: well within every worker's
+/// SMTP timeout, so no send is uncertain and no duplicate has an excuse.
+const STARVE_STALL: Duration = Duration::from_millis(1500);
+/// Copies of the newest outbox rows published at each nemesis tick while SMTP is starved.
+const STARVE_COPIES: u32 = 20;
+
 /// How long a process may take to exit after SIGTERM: mailroom's default shutdown grace (30 s)
 /// plus time to close its connections.
 const STOP_PATIENCE: Duration = Duration::from_secs(40);
@@ -64,16 +91,20 @@ pub enum Op {
     KillRelay,
     CloseConnections,
     StallSmtp,
+    /// Slow SMTP (seconds per message) while copies of recent jobs are published: the starved
+    /// worker ([`STARVED_WORKER_ARGS`]) queues for its one session.
+    StarveSmtp,
     RestartBroker,
 }
 
 impl Op {
     /// Every op but the broker restart, which disturbs every other test on the node.
-    pub const DEFAULT: [Op; 4] = [
+    pub const DEFAULT: [Op; 5] = [
         Op::KillWorker,
         Op::KillRelay,
         Op::CloseConnections,
         Op::StallSmtp,
+        Op::StarveSmtp,
     ];
 
     /// `MAILROOM_SOAK_OPS` spelling, e.g. `kill-worker,stall-smtp`.
@@ -83,9 +114,10 @@ impl Op {
             "kill-relay" => Op::KillRelay,
             "close-connections" => Op::CloseConnections,
             "stall-smtp" => Op::StallSmtp,
+            "starve-smtp" => Op::StarveSmtp,
             "restart-broker" => Op::RestartBroker,
             other => panic!(
-                "MAILROOM_SOAK_OPS: unknown op {other:?} (kill-worker, kill-relay, close-connections, stall-smtp, restart-broker)"
+                "MAILROOM_SOAK_OPS: unknown op {other:?} (kill-worker, kill-relay, close-connections, stall-smtp, starve-smtp, restart-broker)"
             ),
         }
     }
@@ -94,7 +126,7 @@ impl Op {
     fn weight(self) -> u64 {
         match self {
             Op::KillWorker => 4,
-            Op::KillRelay | Op::CloseConnections | Op::StallSmtp => 2,
+            Op::KillRelay | Op::CloseConnections | Op::StallSmtp | Op::StarveSmtp => 2,
             Op::RestartBroker => 1,
         }
     }
@@ -111,6 +143,8 @@ struct Slot {
     role: Role,
     index: usize,
     generation: u32,
+    /// Runs with [`STARVED_WORKER_ARGS`].
+    starved: bool,
     child: Option<Child>,
     back_at: Option<Instant>,
 }
@@ -135,10 +169,14 @@ pub struct Cluster<'a> {
     pub history: Vec<String>,
     pub killed: BTreeSet<String>,
     stall_until: Option<Instant>,
+    /// While SMTP is starved: copies of new jobs are published at each tick.
+    copying: bool,
 }
 
 impl<'a> Cluster<'a> {
-    pub fn start(app: &'a TestApp, logs: &Path, stall_file: &Path) -> Cluster<'a> {
+    /// Starts every process; worker slot 2 starved when `ops` may starve SMTP.
+    pub fn start(app: &'a TestApp, logs: &Path, stall_file: &Path, ops: &[Op]) -> Cluster<'a> {
+        let starve = ops.contains(&Op::StarveSmtp);
         let mut slots = Vec::new();
         for index in 0..3 {
             slots.push((Role::Worker, index));
@@ -156,6 +194,7 @@ impl<'a> Cluster<'a> {
                     role,
                     index,
                     generation: 0,
+                    starved: starve && role == Role::Worker && index == 2,
                     child: None,
                     back_at: None,
                 })
@@ -164,6 +203,7 @@ impl<'a> Cluster<'a> {
             history: Vec::new(),
             killed: BTreeSet::new(),
             stall_until: None,
+            copying: false,
         };
         for i in 0..cluster.slots.len() {
             cluster.spawn(i);
@@ -184,6 +224,7 @@ impl<'a> Cluster<'a> {
         let name = slot.name();
         let log = std::fs::File::create(self.logs.join(format!("{name}.log"))).unwrap();
         let (command, args) = match slot.role {
+            Role::Worker if slot.starved => ("worker", self.app.worker_args(STARVED_WORKER_ARGS)),
             Role::Worker => ("worker", self.app.worker_args(WORKER_ARGS)),
             Role::Relay => ("relay", self.app.relay_args(&[])),
         };
@@ -237,6 +278,7 @@ impl<'a> Cluster<'a> {
             None => {
                 let _ = std::fs::remove_file(&self.stall_file);
                 self.stall_until = None;
+                self.copying = false;
                 self.note("SMTP stall ends".into());
             }
         }
@@ -249,6 +291,9 @@ impl<'a> Cluster<'a> {
             self.revive(false);
             if self.stall_until.is_some_and(|t| Instant::now() >= t) {
                 self.set_stall(None);
+            }
+            if self.copying {
+                self.publish_copies().await;
             }
             let weights: u64 = ops.iter().map(|op| op.weight()).sum();
             let mut pick = rng.below(weights.max(1));
@@ -273,10 +318,21 @@ impl<'a> Cluster<'a> {
                     let delay = rng.millis(500, 4000);
                     self.set_stall(Some((delay, rng.millis(2000, 8000))));
                 }
-                Op::StallSmtp => {}
+                Op::StarveSmtp if self.stall_until.is_none() => {
+                    self.set_stall(Some((STARVE_STALL, rng.millis(8000, 15000))));
+                    self.copying = true;
+                    self.publish_copies().await;
+                }
+                Op::StallSmtp | Op::StarveSmtp => {}
                 Op::RestartBroker => self.restart_broker(rng.millis(1000, 5000)).await,
             }
         }
+    }
+
+    /// Publishes a copy of each of the newest outbox rows.
+    async fn publish_copies(&mut self) {
+        let n = super::copies::publish(self.app, STARVE_COPIES).await;
+        self.note(format!("published {n} copies of the newest jobs"));
     }
 
     /// `rabbitmqctl stop_app`, a pause, `start_app`: restarts the whole broker node (every
