@@ -121,8 +121,8 @@ pub struct WorkerArgs {
         value_enum
     )]
     pub on_uncertain: OnUncertain,
-    /// Claim lease: how long a claimed job is exclusive. Must exceed --smtp-timeout plus the
-    /// time to record the result.
+    /// Claim lease: how long a claimed job is exclusive. At least --smtp-timeout plus 2s (to
+    /// claim, record the result and keep a margin); checked at startup.
     #[arg(long, env = "MAILROOM_LEASE", default_value = "2m", value_parser = config::parse_duration)]
     pub lease: Duration,
     /// Deadline of one whole SMTP send (connect to final reply); far below RabbitMQ's 30-minute
@@ -217,13 +217,7 @@ impl WorkerArgs {
 
     /// Resolves and validates the options, loads the templates, and builds the worker.
     pub fn build(&self) -> anyhow::Result<Worker> {
-        if self.lease <= self.smtp_timeout {
-            anyhow::bail!(
-                "MAILROOM_LEASE ({:?}) must exceed MAILROOM_SMTP_TIMEOUT ({:?}), or a slow send could lose its claim to another worker",
-                self.lease,
-                self.smtp_timeout
-            );
-        }
+        crate::worker::lease::check(self.lease, self.smtp_timeout).map_err(anyhow::Error::msg)?;
         let templates = std::path::absolute(&self.templates)
             .with_context(|| format!("template directory {}", self.templates.display()))?;
         let loaded = Templates::load(&templates)

@@ -1,6 +1,8 @@
 //! Crash points for fault tests: `MAILROOM_FAILPOINTS="worker.after_claim=abort;relay.after_confirm=pause"`.
 //! `abort` kills the process on the spot (a real crash: no destructors, no acks, no commits);
-//! `pause` parks the task forever so a test can SIGKILL the process at exactly that point.
+//! `pause` parks the task forever so a test can SIGKILL the process at exactly that point;
+//! `delay:2s` holds the task that long at every hit, `delay-once:2s` at the first hit only (a
+//! slow step: a claim that takes most of its lease).
 //! Unset in production, a failpoint costs one lookup in an empty map.
 //! `name@JOB_ID=action` arms a point for one job only (a poison job), e.g.
 //! `worker.after_claim@order-7=abort`; the worker's points take the job id.
@@ -11,14 +13,46 @@
 
 use std::collections::HashMap;
 use std::sync::OnceLock;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
 
 /// The environment variable that arms failpoints.
 pub const ENV: &str = "MAILROOM_FAILPOINTS";
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Debug)]
 enum Action {
     Abort,
     Pause,
+    /// Waits this long; with `once`, only at the first hit.
+    Delay {
+        wait: Duration,
+        once: bool,
+        spent: AtomicBool,
+    },
+}
+
+impl PartialEq for Action {
+    fn eq(&self, other: &Action) -> bool {
+        match (self, other) {
+            (Action::Abort, Action::Abort) | (Action::Pause, Action::Pause) => true,
+            (
+                Action::Delay { wait, once, .. },
+                Action::Delay {
+                    wait: w, once: o, ..
+                },
+            ) => wait == w && once == o,
+            _ => false,
+        }
+    }
+}
+
+fn delay(spec: &str, once: bool) -> Option<Action> {
+    let wait = humantime::parse_duration(spec).ok()?;
+    Some(Action::Delay {
+        wait,
+        once,
+        spent: AtomicBool::new(false),
+    })
 }
 
 fn armed() -> &'static HashMap<String, Action> {
@@ -33,8 +67,10 @@ fn parse(spec: &str) -> HashMap<String, Action> {
             let action = match action.trim() {
                 "abort" => Action::Abort,
                 "pause" => Action::Pause,
+                other if let Some(a) = other.strip_prefix("delay:").and_then(|d| delay(d, false)) => a,
+                other if let Some(a) = other.strip_prefix("delay-once:").and_then(|d| delay(d, true)) => a,
                 other => {
-                    eprintln!("mailroom: ignoring failpoint {name}={other}: use abort or pause");
+                    eprintln!("mailroom: ignoring failpoint {name}={other}: use abort, pause, delay:DURATION or delay-once:DURATION");
                     return None;
                 }
             };
@@ -54,6 +90,13 @@ pub async fn hit(name: &str) {
         Some(Action::Pause) => {
             tracing::warn!(failpoint = name, "failpoint: pausing this delivery forever");
             std::future::pending::<()>().await;
+        }
+        Some(Action::Delay { wait, once, spent }) => {
+            if *once && spent.swap(true, Ordering::SeqCst) {
+                return;
+            }
+            tracing::warn!(failpoint = name, ?wait, "failpoint: delaying this delivery");
+            tokio::time::sleep(*wait).await;
         }
     }
 }
@@ -82,6 +125,14 @@ mod tests {
         assert_eq!(armed.get("worker.after_claim"), Some(&Action::Abort));
         assert_eq!(armed.get("worker.after_record"), Some(&Action::Pause));
         assert_eq!(armed.len(), 2);
+    }
+
+    #[test]
+    fn parses_delays_every_time_or_once() {
+        let armed = parse("a=delay:2s;b=delay-once:150ms;c=delay:soon");
+        assert_eq!(armed.get("a"), delay("2s", false).as_ref());
+        assert_eq!(armed.get("b"), delay("150ms", true).as_ref());
+        assert_eq!(armed.get("c"), None);
     }
 
     #[test]

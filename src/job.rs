@@ -12,8 +12,11 @@ use serde::{Deserialize, Serialize};
 /// Largest job body accepted, checked before parsing: a job is an address list and a small
 /// data object, and RabbitMQ, the outbox and the dead-letter queue all carry it verbatim.
 pub const MAX_JOB_BYTES: usize = 64 * 1024;
-/// Longest `job_id`, as in the tables' column width.
-pub const MAX_JOB_ID_LEN: usize = 200;
+/// Longest `job_id`, in bytes of UTF-8 (66 CJK characters, 50 emoji, 200 ASCII ones). Bytes, not
+/// characters, bound everything the id becomes: the AMQP `message-id` (a short string of at most
+/// 255 bytes) and the Message-ID header, which escapes each non-ASCII byte as `=XX` and must stay
+/// under the 998-character line limit.
+pub const MAX_JOB_ID_BYTES: usize = 200;
 /// Longest `kind`: a template directory name.
 pub const MAX_KIND_LEN: usize = 64;
 /// Most recipients over to, cc and bcc together. One job is one email; a mass mailing is many jobs.
@@ -174,10 +177,13 @@ fn check_job_id(job_id: &str) -> Result<(), JobError> {
     if job_id.trim().is_empty() {
         return Err(invalid("job_id", "must not be empty"));
     }
-    if job_id.chars().count() > MAX_JOB_ID_LEN {
+    if job_id.len() > MAX_JOB_ID_BYTES {
         return Err(invalid(
             "job_id",
-            format!("longer than {MAX_JOB_ID_LEN} characters"),
+            format!(
+                "{} bytes of UTF-8, more than the {MAX_JOB_ID_BYTES} allowed",
+                job_id.len()
+            ),
         ));
     }
     check_no_control("job_id", job_id)

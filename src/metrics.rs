@@ -15,6 +15,8 @@
 //! | `mailroom_retried_total` | counter | |
 //! | `mailroom_dead_lettered_total` | counter | `kind`, `class` |
 //! | `mailroom_unsettled_total` | counter | |
+//! | `mailroom_claims_given_back_total` | counter | (lease too short for a whole send) |
+//! | `mailroom_smtp_session_wait_max_seconds` | gauge | (longest wait for an SMTP session) |
 //! | `mailroom_in_flight` | gauge | |
 //! | `mailroom_smtp_duration_seconds` | histogram | |
 //! | `mailroom_end_to_end_seconds` | histogram | (job `created_at` → SMTP accepted) |
@@ -229,6 +231,23 @@ fn worker(out: &mut String, w: &Stats) {
         "mailroom_unsettled_total",
         "Acks or rejects the broker may not have seen (it redelivers them).",
         s.unsettled,
+    );
+    counter(
+        out,
+        "mailroom_claims_given_back_total",
+        "Claims given back unused: their lease could no longer cover a whole send and its record.",
+        w.given_back.load(Ordering::Relaxed),
+    );
+    header(
+        out,
+        "mailroom_smtp_session_wait_max_seconds",
+        "gauge",
+        "Longest wait of a delivery for an SMTP session (the pool's cap), before its claim.",
+    );
+    let _ = writeln!(
+        out,
+        "mailroom_smtp_session_wait_max_seconds {}",
+        w.longest_session_wait().as_secs_f64()
     );
     header(
         out,

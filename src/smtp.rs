@@ -1,9 +1,10 @@
 //! Sending: builds the MIME message from a job and its rendering, with the deterministic
 //! Message-ID `<job_id.kind@domain>`, and sends it through mailroom's SMTP connection pool
 //! ([`pool`]: lettre's protocol client on sockets with TCP_NODELAY), or writes `.eml` files for
-//! `file://` URLs. Every send runs under a semaphore (the cap on open connections) and a
-//! whole-send timeout (lettre's connection has no I/O timeout of its own), and a failure is
-//! classified by the SMTP phase it happened in ([`session`]).
+//! `file://` URLs. Every send needs a [`Session`] (a permit of the cap on open connections,
+//! which the worker takes before it claims a job, so that waiting for a connection never eats
+//! into a claim's lease) and runs under a whole-send timeout (lettre's connection has no I/O
+//! timeout of its own); a failure is classified by the SMTP phase it happened in ([`session`]).
 
 mod endpoint;
 mod pool;
@@ -22,7 +23,7 @@ use lettre::{
         header::{HeaderName, HeaderValue},
     },
 };
-use tokio::sync::Semaphore;
+use tokio::sync::{Semaphore, SemaphorePermit};
 
 use crate::config::SecretUrl;
 use crate::job::ValidJob;
@@ -89,6 +90,14 @@ pub struct MailerSettings {
     pub max_connections: u32,
 }
 
+/// The right to one SMTP session: a permit of the cap on open connections. Held from before a
+/// claim until the send returns, so the time spent waiting for a connection is spent before the
+/// claim's lease starts, never within it.
+#[derive(Debug)]
+pub struct Session<'a> {
+    _permit: SemaphorePermit<'a>,
+}
+
 /// Builds and sends emails.
 pub struct Mailer {
     transport: Transport,
@@ -141,10 +150,25 @@ impl Mailer {
         )?)
     }
 
+    /// The whole-send timeout: connecting, the SMTP dialogue and the reply to the final dot.
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    /// Waits for a free SMTP session (the cap on open connections). `None` once the mailer is
+    /// closed.
+    pub async fn session(&self) -> Option<Session<'_>> {
+        let permit = self.permits.acquire().await.ok()?;
+        Some(Session { _permit: permit })
+    }
+
     /// Whether the SMTP server answers (connect, TLS, greeting, EHLO, AUTH) within the send
-    /// timeout; the worker's circuit breaker probes with it during an outage. The connection
-    /// joins the pool for the next send.
+    /// timeout; the worker's circuit breaker probes with it during an outage. The probe is a
+    /// session like any send (it counts against the cap), and its connection joins the pool.
     pub async fn probe(&self) -> bool {
+        let Some(_session) = self.session().await else {
+            return false;
+        };
         match &self.transport {
             Transport::Smtp(pool) => matches!(
                 tokio::time::timeout(self.timeout, pool.probe()).await,
@@ -154,15 +178,21 @@ impl Mailer {
         }
     }
 
-    /// Sends one message; the `Ok` text is the server's reply, kept in the ledger.
+    /// Waits for a session, then sends one message in it ([`Mailer::send_in`]).
     pub async fn send(&self, message: &Outgoing) -> Result<String, SendError> {
-        let _permit = self
-            .permits
-            .acquire()
-            .await
-            .map_err(|_| SendError::Transient {
-                reason: "mailer is shutting down".into(),
-            })?;
+        let session = self.session().await.ok_or_else(|| SendError::Transient {
+            reason: "mailer is shutting down".into(),
+        })?;
+        self.send_in(&session, message).await
+    }
+
+    /// Sends one message in `session`, within [`Mailer::timeout`]; the `Ok` text is the
+    /// server's reply, kept in the ledger.
+    pub async fn send_in(
+        &self,
+        _session: &Session<'_>,
+        message: &Outgoing,
+    ) -> Result<String, SendError> {
         match &self.transport {
             Transport::Smtp(pool) => {
                 let phase = PhaseCell::default();

@@ -244,6 +244,7 @@ async fn claim_and_record(
             job_id: &job_id,
             kind: KIND,
             message_id: &message_id,
+            token: uuid::Uuid::new_v4(),
             lease: LEASE,
             resend_uncertain: true,
             replay: false,

@@ -12,8 +12,9 @@
 //!
 //! A group holds each `(job_id, kind)` once (a second write of the same key waits for the next
 //! group), so no statement touches a row twice. If a group fails on a deadlock between two
-//! workers' groups (over a duplicate delivery) or a key inserted concurrently (MySQL), each of
-//! its writes is done again on its own; any other error (no connection, the server down) is
+//! workers' groups (over a duplicate delivery), a key inserted concurrently (MySQL) or one
+//! member's data that the database refuses (a value too long for its column), each of its
+//! writes is done again on its own; any other error (no connection, the server down) is
 //! every member's at once, so an outage costs a delivery one wait, not two.
 //! Replays and records without a claim token are rare and always go alone.
 
@@ -173,7 +174,7 @@ impl Ledger {
                 job_id: req.job_id.to_owned(),
                 kind: req.kind.to_owned(),
                 message_id: req.message_id.to_owned(),
-                token: Uuid::new_v4(),
+                token: req.token,
             },
             lease: req.lease,
             resend_uncertain: req.resend_uncertain,
@@ -196,6 +197,14 @@ impl Ledger {
         record: &Record<'_>,
         revision: Option<&str>,
     ) -> Result<bool, LedgerError> {
+        // Replies and reasons quote servers and job data: bounded and NUL-free, they always fit.
+        let reply = record.smtp_reply.map(ledger_text);
+        let error = record.error.map(ledger_text);
+        let record = &Record {
+            smtp_reply: reply.as_deref(),
+            error: error.as_deref(),
+            ..record.clone()
+        };
         let (Some(queue), Some(token)) = (self.queue.as_ref(), record.token) else {
             return self
                 .db
@@ -229,6 +238,25 @@ impl Ledger {
                 .map_err(Arc::new),
         }
     }
+}
+
+/// Longest reply or reason the ledger keeps, in bytes: enough for any SMTP reply and any
+/// reason mailroom writes, and far below the 64 KiB of MySQL's TEXT.
+pub const MAX_LEDGER_TEXT_BYTES: usize = 4096;
+
+/// `text` as the ledger stores it: without NUL (PostgreSQL's text cannot hold it) and cut to
+/// [`MAX_LEDGER_TEXT_BYTES`] at a character boundary, so a record never fails on its own text.
+pub fn ledger_text(text: &str) -> String {
+    let mut out: String = text.chars().filter(|&c| c != '\0').collect();
+    if out.len() > MAX_LEDGER_TEXT_BYTES {
+        let mut end = MAX_LEDGER_TEXT_BYTES - '…'.len_utf8();
+        while !out.is_char_boundary(end) {
+            end -= 1;
+        }
+        out.truncate(end);
+        out.push('…');
+    }
+    out
 }
 
 fn writer_gone() -> sqlx::Error {
@@ -357,14 +385,17 @@ async fn write(db: &Database, members: Vec<Op>, stats: &LedgerStats) {
 
 /// Whether a group's error belongs to the group rather than to the database: a deadlock with
 /// another worker's group or a key inserted meanwhile, which its members written one by one
-/// will not meet. Anything else (no connection, a timeout, the server down) each member would
+/// will not meet, or one member's data that the database refuses (that member alone gets the
+/// error; the others must not be failed with it). Anything else (no connection, a timeout, the server down) each member would
 /// meet again alone, after as long a wait.
 fn worth_splitting(e: &sqlx::Error) -> bool {
     match e {
         // 40P01 deadlock_detected (PostgreSQL); 40001 serialization failure, which MySQL
         // reports for a deadlock (1213).
         sqlx::Error::Database(db) => {
-            db.is_unique_violation() || matches!(db.code().as_deref(), Some("40P01" | "40001"))
+            db.is_unique_violation()
+                || matches!(db.code().as_deref(), Some("40P01" | "40001"))
+                || super::is_data_error(e)
         }
         _ => false,
     }
@@ -415,6 +446,7 @@ async fn write_alone(db: &Database, op: Op) {
                 job_id: &item.job_id,
                 kind: &item.kind,
                 message_id: &item.message_id,
+                token: item.token,
                 lease,
                 resend_uncertain,
                 replay: false,
@@ -436,5 +468,20 @@ async fn write_alone(db: &Database, op: Op) {
                 .await;
             let _ = reply.send(result.map_err(Arc::new));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ledger_text_drops_nul_and_cuts_long_text_at_a_character_boundary() {
+        assert_eq!(ledger_text("250 ok\0 queued"), "250 ok queued");
+        let long = "é".repeat(MAX_LEDGER_TEXT_BYTES);
+        let cut = ledger_text(&long);
+        assert!(cut.len() <= MAX_LEDGER_TEXT_BYTES, "{}", cut.len());
+        assert!(cut.ends_with('…'));
+        assert_eq!(ledger_text("short"), "short");
     }
 }

@@ -41,6 +41,27 @@ pub enum Database {
     MySql(MySqlPool),
 }
 
+/// Whether the database refused a statement because of the values in it (too long for its
+/// column, an encoding it cannot store, a check it fails): the same job fails the same way on
+/// every try, so the error is the job's, permanent, and never "database unavailable".
+pub fn is_data_error(e: &sqlx::Error) -> bool {
+    let sqlx::Error::Database(db) = e else {
+        return false;
+    };
+    if let Some(my) = db.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>() {
+        // 1048 NULL in a NOT NULL column, 1264 out of range, 1265 truncated, 1292 incorrect
+        // value, 1366 incorrect string value, 1406 data too long, 3140 invalid JSON, 3819 check
+        // constraint (MySQL), 4025 constraint failed (MariaDB).
+        return matches!(
+            my.number(),
+            1048 | 1264 | 1265 | 1292 | 1366 | 1406 | 3140 | 3819 | 4025
+        );
+    }
+    // SQLSTATE class 22 (data exception), 23502 not null, 23514 check violation.
+    db.code()
+        .is_some_and(|c| c.starts_with("22") || c == "23502" || c == "23514")
+}
+
 /// The engines mailroom runs on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Engine {

@@ -6,6 +6,9 @@
 //! counts (sqlx sets CLIENT_FOUND_ROWS, so "inserted" and "updated" look alike) are used; the
 //! guarded `UPDATE`'s count is exact because its WHERE clause is the guard.
 //!
+//! `job_id` is `VARBINARY`: keys compare byte for byte, with no PAD SPACE collation making
+//! `same` and `same ` one job, so it is read back with `CAST(job_id AS CHAR …)`.
+//!
 //! Times are `DATETIME(6)` in UTC from the database clock (`UTC_TIMESTAMP(6)`), whatever the
 //! session time zone, so leases agree across workers and producers in any language.
 
@@ -58,7 +61,7 @@ SELECT status, attempts, claim_token, error_class, last_error,
 FROM sent_notifications WHERE job_id = ? AND kind = ?";
 
 pub(super) async fn claim(pool: &MySqlPool, req: &ClaimRequest<'_>) -> Result<Claim, sqlx::Error> {
-    let token = Uuid::new_v4();
+    let token = req.token;
     let lease = micros(req.lease);
     let inserted = sqlx::query(INSERT_CLAIM)
         .bind(req.job_id)
@@ -152,8 +155,36 @@ pub(super) async fn record(
     Ok(done.rows_affected() == 1)
 }
 
+/// Only the holder gives a claim back; the attempt it counted is uncounted.
+const RELEASE: &str = "
+UPDATE sent_notifications
+SET status = 'failed',
+    attempts = GREATEST(attempts - 1, 0),
+    lease_until = NULL,
+    claim_token = NULL,
+    last_error = ?,
+    updated_at = UTC_TIMESTAMP(6)
+WHERE job_id = ? AND kind = ? AND claim_token = ?";
+
+pub(super) async fn release(
+    pool: &MySqlPool,
+    job_id: &str,
+    kind: &str,
+    token: Uuid,
+    reason: &str,
+) -> Result<bool, sqlx::Error> {
+    let done = sqlx::query(RELEASE)
+        .bind(reason)
+        .bind(job_id)
+        .bind(kind)
+        .bind(token)
+        .execute(pool)
+        .await?;
+    Ok(done.rows_affected() == 1)
+}
+
 const NOTIFICATION: &str = "
-SELECT job_id, kind, status, attempts, message_id, smtp_reply, last_error,
+SELECT CAST(job_id AS CHAR CHARACTER SET utf8mb4) AS job_id, kind, status, attempts, message_id, smtp_reply, last_error,
        created_at, updated_at, sent_at, template_revision
 FROM sent_notifications WHERE job_id = ? AND kind = ?";
 
@@ -198,7 +229,7 @@ pub(super) async fn insert_outbox_row(
 }
 
 const CLAIM_BATCH: &str = "
-SELECT id, job_id, kind, CAST(payload AS CHAR) AS payload, publish_attempts
+SELECT id, CAST(job_id AS CHAR CHARACTER SET utf8mb4) AS job_id, kind, CAST(payload AS CHAR) AS payload, publish_attempts
 FROM mailroom_outbox
 WHERE published_at IS NULL AND parked_at IS NULL
   AND (next_attempt_at IS NULL OR next_attempt_at <= UTC_TIMESTAMP(6))
@@ -386,7 +417,10 @@ pub(super) async fn write_group(
     let mut tx = pool.begin().await?;
     let mut existing: HashSet<(String, String)> = HashSet::new();
     if !group.claims.is_empty() {
-        let mut q = QueryBuilder::new("SELECT job_id, kind FROM sent_notifications WHERE ");
+        let mut q = QueryBuilder::new(
+            "SELECT CAST(job_id AS CHAR CHARACTER SET utf8mb4) AS job_id, kind \
+             FROM sent_notifications WHERE ",
+        );
         push_keys(
             &mut q,
             group
@@ -484,7 +518,8 @@ pub(super) async fn write_group(
         .collect();
     if !to_read.is_empty() {
         let mut q = QueryBuilder::new(
-            "SELECT job_id, kind, status, attempts, claim_token, error_class, last_error, \
+            "SELECT CAST(job_id AS CHAR CHARACTER SET utf8mb4) AS job_id, kind, status, attempts, \
+             claim_token, error_class, last_error, \
              CASE WHEN lease_until > UTC_TIMESTAMP(6) \
                   THEN TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), lease_until) END AS lease_left_us \
              FROM sent_notifications WHERE ",

@@ -71,6 +71,10 @@ pub struct ClaimRequest<'a> {
     pub job_id: &'a str,
     pub kind: &'a str,
     pub message_id: &'a str,
+    /// The token the claim will hold, chosen before it is sent: when the commit's outcome is
+    /// unknown (the connection broke during it), the worker can still find and give back a
+    /// claim that did commit.
+    pub token: Uuid,
     /// How long the claim is exclusive; longer than the SMTP timeout plus the time to record.
     pub lease: Duration,
     /// Whether an `uncertain` row, or a `sending` row whose lease expired, may be taken over
@@ -201,6 +205,22 @@ impl Database {
         match self {
             Database::Postgres(pool) => postgres::record(pool, record, revision).await,
             Database::MySql(pool) => mysql::record(pool, record, revision).await,
+        }
+    }
+
+    /// Gives back a claim that was not used (nothing was sent on it): the row becomes `failed`
+    /// without counting the attempt, so the next copy takes it over at once. False when the
+    /// claim is not (or no longer) ours, or never committed.
+    pub async fn release(
+        &self,
+        job_id: &str,
+        kind: &str,
+        token: Uuid,
+        reason: &str,
+    ) -> Result<bool, sqlx::Error> {
+        match self {
+            Database::Postgres(pool) => postgres::release(pool, job_id, kind, token, reason).await,
+            Database::MySql(pool) => mysql::release(pool, job_id, kind, token, reason).await,
         }
     }
 

@@ -46,7 +46,7 @@ SELECT status, attempts, error_class, last_error,
 FROM sent_notifications WHERE job_id = $1 AND kind = $2";
 
 pub(super) async fn claim(pool: &PgPool, req: &ClaimRequest<'_>) -> Result<Claim, sqlx::Error> {
-    let token = Uuid::new_v4();
+    let token = req.token;
     let claimed: Option<i32> = sqlx::query_scalar(CLAIM)
         .bind(req.job_id)
         .bind(req.kind)
@@ -100,6 +100,34 @@ pub(super) async fn record(
         .bind(r.token)
         .bind(revision)
         .bind(r.class)
+        .execute(pool)
+        .await?;
+    Ok(done.rows_affected() == 1)
+}
+
+/// Only the holder gives a claim back; the attempt it counted is uncounted.
+const RELEASE: &str = "
+UPDATE sent_notifications
+SET status = 'failed',
+    attempts = GREATEST(attempts - 1, 0),
+    lease_until = NULL,
+    claim_token = NULL,
+    last_error = $4,
+    updated_at = now()
+WHERE job_id = $1 AND kind = $2 AND claim_token = $3";
+
+pub(super) async fn release(
+    pool: &PgPool,
+    job_id: &str,
+    kind: &str,
+    token: Uuid,
+    reason: &str,
+) -> Result<bool, sqlx::Error> {
+    let done = sqlx::query(RELEASE)
+        .bind(job_id)
+        .bind(kind)
+        .bind(token)
+        .bind(reason)
         .execute(pool)
         .await?;
     Ok(done.rows_affected() == 1)

@@ -1,21 +1,29 @@
-//! One delivery → one [`Outcome`]: decode and validate, claim `(job_id, kind)`, render, send,
+//! One delivery → one [`Outcome`]: decode and validate, wait for an SMTP session, claim
+//! `(job_id, kind)`, render, send if the claim's deadline covers the whole send ([`lease`]),
 //! record. No database transaction is held across the SMTP call: the claim and each record are
 //! single statements, and the lease keeps other workers away in between.
+//!
+//! [`lease`]: super::lease
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use backon::{BackoffBuilder, ExponentialBuilder, Retryable};
 use lapin::message::Delivery;
 use uuid::Uuid;
 
 use super::Worker;
+use super::lease::Deadline;
+use super::stats::Stats;
 use crate::broker;
 use crate::config::OnUncertain;
+use crate::db::is_data_error;
 use crate::db::notifications::{Claim, ClaimRequest, Record, Refusal, Status, judge_refusal};
 use crate::failpoint;
 use crate::job::{EmailJob, ValidJob, mask_addresses, mask_email};
 use crate::render::Templates;
-use crate::smtp::SendError;
+use crate::smtp::{SendError, Session};
 
 /// Extra wait past a live lease before trying again, so the retry lands after it expired.
 const LEASE_MARGIN: Duration = Duration::from_secs(1);
@@ -108,23 +116,40 @@ impl Worker {
             return dead(ErrorClass::Invalid, reason, 0);
         }
         failpoint::hit_job("worker.before_claim", &job.job.job_id).await;
+        // The SMTP session comes first: a delivery may wait for one as long as the pool is
+        // busy, and holds no claim (no lease runs) while it waits.
+        let waiting = Instant::now();
+        let Some(session) = self.mailer.session().await else {
+            return self.retry(Duration::ZERO, "the mailer is closed".into());
+        };
+        self.stats.observe_session_wait(waiting.elapsed());
         let message_id = self.mailer.message_id(&job.job.job_id, &job.job.kind);
         let request = ClaimRequest {
             job_id: &job.job.job_id,
             kind: &job.job.kind,
             message_id: &message_id,
+            token: Uuid::new_v4(),
             lease: self.settings.lease,
             resend_uncertain: self.settings.on_uncertain == OnUncertain::Resend,
             replay: broker::int_header(&delivery.properties, broker::REPLAY_HEADER)
                 .is_some_and(|n| n > 0),
         };
         let replay = request.replay;
+        let asked = Instant::now();
         let claim = match self.ledger.claim(&request).await {
             Ok(claim) => claim,
-            Err(e) => return self.retry(Duration::ZERO, format!("database unavailable: {e}")),
+            Err(e) if is_data_error(&e) => {
+                let reason = format!("the database refuses this job's data: {e}");
+                return dead(ErrorClass::Invalid, reason, 0);
+            }
+            Err(e) => {
+                self.release_unknown_claim(&request).await;
+                return self.retry(Duration::ZERO, format!("database unavailable: {e}"));
+            }
         };
         match claim {
             Claim::Claimed { attempt, token } => {
+                let deadline = Deadline::of_claim(asked, self.settings.lease);
                 tracing::Span::current().record("attempt", attempt);
                 if attempt > self.settings.max_attempts && !replay {
                     // Only a claim taken over after its holder vanished gets here without a
@@ -139,10 +164,51 @@ impl Worker {
                         .give_up(&job, token, attempt, ErrorClass::Exhausted, reason)
                         .await;
                 }
-                self.send_claimed(&job, attempt, token, &templates).await
+                let claimed = Claimed {
+                    attempt,
+                    token,
+                    deadline,
+                };
+                self.send_claimed(&job, claimed, session, &templates).await
             }
-            Claim::Refused(existing) => self.refused(&job, existing.as_ref()).await,
+            Claim::Refused(existing) => {
+                drop(session);
+                self.refused(&job, existing.as_ref()).await
+            }
         }
+    }
+
+    /// A claim whose commit failed may still have committed (the connection broke during the
+    /// COMMIT): give it back by its token, so it is neither counted as an attempt nor left
+    /// `sending` until its lease ends. If the database cannot be reached for that either, the
+    /// row keeps its lease (README, Guarantees: a claim with an unknown outcome).
+    async fn release_unknown_claim(&self, request: &ClaimRequest<'_>) {
+        let db = self.ledger.database();
+        let reason = "claim outcome unknown (the database failed during the claim); given back";
+        match db
+            .release(request.job_id, request.kind, request.token, reason)
+            .await
+        {
+            Ok(true) => tracing::info!("the claim had committed after all; gave it back"),
+            Ok(false) => {}
+            Err(e) => tracing::debug!(error = %e, "cannot check whether the claim committed"),
+        }
+    }
+
+    /// Gives an unused claim back (nothing was sent on it) and retries the job soon; the
+    /// attempt is not counted. A failure to give it back only delays the job until the lease
+    /// ends.
+    async fn give_back(&self, job: &ValidJob, token: Uuid, reason: String) -> Outcome {
+        Stats::bump(&self.stats.given_back);
+        tracing::info!(reason, "giving the claim back unused");
+        let db = self.ledger.database();
+        if let Err(e) = db
+            .release(&job.job.job_id, &job.job.kind, token, &reason)
+            .await
+        {
+            tracing::warn!(error = %e, "cannot give the claim back; it ends with its lease");
+        }
+        self.retry(Duration::ZERO, reason)
     }
 
     async fn refused(
@@ -194,10 +260,15 @@ impl Worker {
     async fn send_claimed(
         &self,
         job: &ValidJob,
-        attempt: i32,
-        token: Uuid,
+        claimed: Claimed,
+        session: Session<'_>,
         templates: &Templates,
     ) -> Outcome {
+        let Claimed {
+            attempt,
+            token,
+            deadline,
+        } = claimed;
         failpoint::hit_job("worker.after_claim", &job.job.job_id).await;
         let j = &job.job;
         let rendered = match templates.render(&j.kind, j.locale.as_deref(), &j.data) {
@@ -216,12 +287,24 @@ impl Worker {
                     .await;
             }
         };
+        // The fence: a send starts only if it, and the record of its result, end before the
+        // claim's deadline. The send is bounded by the SMTP timeout, so no byte of it goes out
+        // on a claim another copy may already have taken over.
+        let timeout = self.mailer.timeout();
+        if !deadline.covers_send(timeout) {
+            let reason = format!(
+                "the claim's lease has {:?} left, less than a whole send ({timeout:?}) and its record",
+                deadline.remaining()
+            );
+            return self.give_back(job, token, reason).await;
+        }
         // The uncertain window: from here until `sent` is recorded, a crash or a lost reply may
         // leave a delivered email unrecorded, and the redelivery resends it (README, Guarantees).
         // The chaos soak explains every duplicate by one such window that never closed.
         tracing::info!(window = "sending", "uncertain window opens: sending");
         let started = Instant::now();
-        let sent = self.mailer.send(&message).await;
+        let sent = self.mailer.send_in(&session, &message).await;
+        drop(session);
         self.stats.smtp_latency.observe(started.elapsed());
         self.breaker.record(&sent);
         if let Err(e) = &sent {
@@ -240,7 +323,7 @@ impl Worker {
                 }
                 tracing::info!(window = "accepted", "SMTP accepted; recording sent");
                 failpoint::hit_job("worker.after_smtp_ok", &job.job.job_id).await;
-                self.record_sent(job, token, &reply, templates.revision())
+                self.record_sent(job, token, deadline, &reply, templates.revision())
                     .await
             }
             Err(SendError::Permanent { reason }) => {
@@ -278,6 +361,7 @@ impl Worker {
         &self,
         job: &ValidJob,
         token: Uuid,
+        deadline: Deadline,
         reply: &str,
         revision: &str,
     ) -> Outcome {
@@ -293,7 +377,7 @@ impl Worker {
         let policy = ExponentialBuilder::default()
             .with_min_delay(Duration::from_millis(100))
             .with_max_delay(Duration::from_secs(5))
-            .with_total_delay(Some(self.settings.lease / 2))
+            .with_total_delay(Some(deadline.remaining().max(super::lease::RECORD_BUDGET)))
             .without_max_times();
         let result = (|| self.ledger.record(&record, Some(revision)))
             .retry(policy)
@@ -391,6 +475,14 @@ impl Worker {
             reason,
         }
     }
+}
+
+/// A claim this delivery holds: its attempt number, its token, and until when it may be used.
+#[derive(Clone, Copy, Debug)]
+struct Claimed {
+    attempt: i32,
+    token: Uuid,
+    deadline: Deadline,
 }
 
 /// A failure to record; `class` for a row that becomes `dead` or `uncertain`.

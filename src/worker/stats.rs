@@ -21,6 +21,10 @@ pub struct Stats {
     pub dead_lettered: AtomicU64,
     /// Settle actions the broker may not have seen (ack on a closed channel, failed republish).
     pub unsettled: AtomicU64,
+    /// Claims given back unused because their lease could not cover a whole send.
+    pub given_back: AtomicU64,
+    /// Longest wait for an SMTP session so far, in microseconds (before any claim).
+    longest_session_wait_us: AtomicU64,
     /// Dead-lettered, by (kind, error class).
     dead_by: Mutex<LabelCounts>,
     in_flight: AtomicI64,
@@ -53,6 +57,8 @@ impl Default for Stats {
             retried: AtomicU64::new(0),
             dead_lettered: AtomicU64::new(0),
             unsettled: AtomicU64::new(0),
+            given_back: AtomicU64::new(0),
+            longest_session_wait_us: AtomicU64::new(0),
             dead_by: Mutex::default(),
             in_flight: AtomicI64::new(0),
             smtp_latency: Histogram::new(SMTP_BUCKETS),
@@ -85,6 +91,18 @@ impl Stats {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .clone()
+    }
+
+    /// A delivery waited `wait` for its SMTP session.
+    pub(crate) fn observe_session_wait(&self, wait: std::time::Duration) {
+        let us = u64::try_from(wait.as_micros()).unwrap_or(u64::MAX);
+        self.longest_session_wait_us
+            .fetch_max(us, Ordering::Relaxed);
+    }
+
+    /// The longest any delivery waited for an SMTP session (it held no claim meanwhile).
+    pub fn longest_session_wait(&self) -> std::time::Duration {
+        std::time::Duration::from_micros(self.longest_session_wait_us.load(Ordering::Relaxed))
     }
 
     /// A delivery started (`+1`) or settled (`-1`).

@@ -399,8 +399,10 @@ impl TestApp {
             "Mailroom Tests <noreply@mailroom.test>",
             "--templates",
             templates.to_str().unwrap(),
+            // The shortest lease that covers a 2 s send (worker::lease::minimum_lease) plus 1 s
+            // for claims slowed by a loaded machine.
             "--lease",
-            "3s",
+            "5s",
             "--smtp-timeout",
             "2s",
             "--concurrency",

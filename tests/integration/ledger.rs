@@ -30,6 +30,7 @@ fn request<'a>(job_id: &'a str, lease: Duration, resend: bool) -> ClaimRequest<'
         job_id,
         kind: KIND,
         message_id: "<ledger@mailroom.test>",
+        token: uuid::Uuid::new_v4(),
         lease,
         resend_uncertain: resend,
         replay: false,

@@ -22,6 +22,7 @@ mod ledger;
 mod lifecycle;
 mod live_templates;
 mod metrics;
+mod once;
 mod outbox;
 mod poison;
 mod proxy_faults;

@@ -162,9 +162,12 @@ impl<'a> Observer<'a> {
 
     async fn ledger(&self) -> Vec<(Key, String)> {
         let sql = "SELECT job_id, kind, status FROM sent_notifications";
+        // MySQL's job_id is VARBINARY (keys compare byte for byte): read it back as text.
+        let my_sql = "SELECT CAST(job_id AS CHAR CHARACTER SET utf8mb4), kind, status \
+                      FROM sent_notifications";
         let rows: Vec<(String, String, String)> = match &self.app.db {
             Database::Postgres(pool) => sqlx::query_as(sql).fetch_all(pool).await,
-            Database::MySql(pool) => sqlx::query_as(sql).fetch_all(pool).await,
+            Database::MySql(pool) => sqlx::query_as(my_sql).fetch_all(pool).await,
         }
         .unwrap();
         rows.into_iter()

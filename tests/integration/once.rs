@@ -1,0 +1,224 @@
+//! The "once" promise when nothing crashes but the worker has to wait, and when the job's own
+//! bytes are unusual: a starved SMTP pool behind a slow server, a claim too late for a whole
+//! send, multibyte ids at the byte limit, ids that differ only in trailing spaces or Unicode
+//! normalisation. Counted at the SMTP server, on every engine.
+
+use std::time::Duration;
+
+use futures_util::future::join_all;
+use mailroom::db::group::Ledger;
+use mailroom::db::is_data_error;
+use mailroom::db::notifications::{Claim, ClaimRequest};
+
+use crate::helpers::*;
+
+#[tokio::test]
+async fn a_starved_smtp_pool_and_a_slow_server_send_each_job_once() {
+    // One SMTP session for 32 deliveries and 1.5 s per message: most deliveries wait far longer
+    // than the 5 s lease for a session. They wait before claiming, so no lease runs out while
+    // they wait and no copy takes over a claim whose holder is still going to send.
+    let app = TestApp::spawn_with(&["--data-delay", "1.5"]).await;
+    let worker = app.start_worker(&[
+        "--concurrency",
+        "32",
+        "--prefetch",
+        "64",
+        "--smtp-connections",
+        "1",
+        "--smtp-timeout",
+        "3s",
+        "--lease",
+        "5s",
+    ]);
+    let ids: Vec<String> = (0..12).map(|i| format!("starved-{i}")).collect();
+    for id in &ids {
+        let job = app.job(id);
+        app.publish(&job).await;
+        app.publish(&job).await;
+    }
+    // A duplicate send would show as a 13th `sent` before the 12th duplicate.
+    worker
+        .stats
+        .wait_until(|s| s.sent + s.duplicates >= 24)
+        .await;
+    let waited = worker.stats.longest_session_wait();
+    worker.stop().await;
+    assert!(
+        waited > Duration::from_secs(5),
+        "the fault did not land: the longest wait for an SMTP session, {waited:?}, is within the lease"
+    );
+    for id in &ids {
+        assert_eq!(app.smtp.count(&app.message_id(id, "welcome")), 1, "{id}");
+    }
+    assert_eq!(app.smtp.received().len(), 12);
+}
+
+#[tokio::test]
+async fn a_claim_too_late_for_a_whole_send_is_given_back_uncounted_and_sent_once() {
+    // The first delivery stalls 2 s right after its claim: of its 5 s lease, 2.5 s remain
+    // before the deadline (lease minus margin), less than a 2 s send plus its 1 s record.
+    let app = TestApp::spawn().await;
+    let mut worker = app.spawn_worker_process(
+        &[],
+        &[(
+            "MAILROOM_FAILPOINTS",
+            "worker.after_claim@fenced=delay-once:2s",
+        )],
+    );
+    app.publish(&app.job("fenced")).await;
+    let row = app
+        .wait_for_row("fenced", "welcome", "row sent", |n| {
+            n.status.as_str() == "sent"
+        })
+        .await;
+    app.smtp.wait_for(1).await;
+    terminate(&worker).await;
+    worker.wait().await.unwrap();
+    let log = std::fs::read_to_string(app.dir.path().join("worker.log")).unwrap();
+    assert!(
+        log.contains("failpoint: delaying") && log.contains("giving the claim back unused"),
+        "the fence did not trip:\n{log}"
+    );
+    assert_eq!(row.attempts, 1, "a claim given back is not an attempt");
+    assert_eq!(app.smtp.count(&app.message_id("fenced", "welcome")), 1);
+    assert_eq!(app.smtp.received().len(), 1);
+}
+
+/// Ids at the limit in bytes, each made of characters of another width.
+fn multibyte_ids() -> Vec<String> {
+    vec![
+        "注文確認".repeat(15),                   // 60 CJK characters, 180 bytes
+        "📦".repeat(50),                         // 50 emoji, 200 bytes
+        "é".repeat(100),                         // 100 two-byte characters, 200 bytes
+        format!("{}-order.42", "注".repeat(63)), // 198 bytes with ASCII and dots
+    ]
+}
+
+#[tokio::test]
+async fn multibyte_job_ids_up_to_the_byte_limit_are_sent_once() {
+    let app = TestApp::spawn().await;
+    let worker = app.start_worker(&[]);
+    let ids = multibyte_ids();
+    for id in &ids {
+        assert!(id.len() <= mailroom::job::MAX_JOB_ID_BYTES, "{id}");
+        app.publish(&app.job(id)).await;
+        app.publish(&app.job(id)).await;
+    }
+    worker
+        .stats
+        .wait_until(|s| s.sent + s.duplicates >= 8)
+        .await;
+    worker.stop().await;
+    for id in &ids {
+        assert_eq!(app.smtp.count(&app.message_id(id, "welcome")), 1, "{id}");
+        let row = app.notification(id, "welcome").await.unwrap();
+        assert_eq!(row.status.as_str(), "sent", "{id}");
+        assert_eq!(&row.job_id, id);
+    }
+    assert_eq!(app.smtp.received().len(), ids.len());
+}
+
+#[tokio::test]
+async fn a_job_id_over_the_byte_limit_is_refused_at_the_outbox_and_dead_lettered_by_the_worker() {
+    let app = TestApp::spawn().await;
+    let long = "📦".repeat(51); // 204 bytes, 51 characters
+    let refused = app.enqueue(&app.email_job(&long)).await.unwrap_err();
+    assert!(refused.to_string().contains("job_id"), "{refused}");
+    assert!(refused.to_string().contains("204 bytes"), "{refused}");
+
+    let worker = app.start_worker(&[]);
+    app.publish(&app.job(&long)).await;
+    let dead = app.dead_letters(1).await;
+    worker.stop().await;
+    assert_eq!(
+        dead[0].header("x-mailroom-error-class").as_deref(),
+        Some("invalid")
+    );
+    let reason = dead[0].header("x-mailroom-error").unwrap();
+    assert!(reason.contains("204 bytes"), "{reason}");
+    assert!(app.smtp.received().is_empty());
+}
+
+#[tokio::test]
+async fn ids_that_differ_only_in_trailing_spaces_or_normalisation_are_different_jobs() {
+    // MariaDB's utf8mb4_bin pads with spaces: `same` and `same ` were one key there.
+    let app = TestApp::spawn().await;
+    let ids = [
+        "same",
+        "same ",
+        "same  ",
+        "caf\u{e9}",         // NFC
+        "cafe\u{301}",       // NFD: the same text to a person, other bytes
+        "order.7",           // a dot, escaped as =2E in the Message-ID
+        "order=2E7",         // … so this one must not collide with it
+        "order.7.confirmed", // dots in a row of parts
+    ];
+    let mut tx = app.begin().await;
+    for id in ids {
+        tx.enqueue(&app.email_job(id)).await.unwrap();
+    }
+    tx.commit().await;
+    assert_eq!(
+        app.unpublished().await,
+        ids.len() as i64,
+        "one outbox row each"
+    );
+    let worker = app.start_worker(&[]);
+    let relay = app.start_relay(&[]);
+    worker
+        .stats
+        .wait_until(|s| s.sent + s.duplicates >= ids.len() as u64)
+        .await;
+    relay.stop().await;
+    worker.stop().await;
+    for id in ids {
+        assert_eq!(app.smtp.count(&app.message_id(id, "welcome")), 1, "{id:?}");
+        let row = app.notification(id, "welcome").await.unwrap();
+        assert_eq!(row.job_id, id, "the row of {id:?} is its own");
+        assert_eq!(row.status.as_str(), "sent", "{id:?}");
+    }
+    assert_eq!(app.smtp.received().len(), ids.len());
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_claim_the_database_refuses_fails_alone_not_its_whole_group() {
+    // Longer than the column on both engines: the database refuses this member's data.
+    let app = TestApp::spawn().await;
+    let ledger = Ledger::direct(app.db.clone(), Default::default()).grouped(16);
+    let overlong = "x".repeat(900);
+    let ids: Vec<String> = (0..5)
+        .map(|i| format!("group-{i}"))
+        .chain([overlong.clone()])
+        .collect();
+    let requests: Vec<ClaimRequest> = ids
+        .iter()
+        .map(|id| ClaimRequest {
+            job_id: id,
+            kind: "welcome",
+            message_id: "<group@mailroom.test>",
+            token: uuid::Uuid::new_v4(),
+            lease: Duration::from_secs(30),
+            resend_uncertain: true,
+            replay: false,
+        })
+        .collect();
+    // On one thread every claim is queued before the group writer runs: one group holds all.
+    let answers = join_all(requests.iter().map(|r| ledger.claim(r))).await;
+    let stats = ledger.stats();
+    for (id, answer) in ids.iter().zip(&answers) {
+        if id == &overlong {
+            let e = answer.as_ref().unwrap_err();
+            assert!(is_data_error(e), "a data error, not an outage: {e}");
+        } else {
+            assert!(
+                matches!(answer, Ok(Claim::Claimed { attempt: 1, .. })),
+                "{id}: {answer:?}"
+            );
+        }
+    }
+    let split = stats.split.load(std::sync::atomic::Ordering::Relaxed);
+    assert_eq!(
+        split, 1,
+        "the refused member was in a group, which was split"
+    );
+}
