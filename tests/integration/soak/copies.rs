@@ -31,18 +31,24 @@ pub async fn publish(app: &TestApp, n: u32) -> usize {
 /// `(job_id, kind, payload)` of the `n` rows committed last.
 async fn newest(app: &TestApp, n: u32) -> Vec<(String, String, String)> {
     match &app.db {
-        Database::Postgres(pool) => sqlx::query_as(
-            "SELECT job_id, kind, payload::text FROM mailroom_outbox ORDER BY id DESC LIMIT $1",
-        )
-        .bind(i64::from(n))
-        .fetch_all(pool)
-        .await,
-        Database::MySql(pool) => sqlx::query_as(
-            "SELECT job_id, kind, CAST(payload AS CHAR) FROM mailroom_outbox ORDER BY id DESC LIMIT ?",
-        )
-        .bind(i64::from(n))
-        .fetch_all(pool)
-        .await,
+        Database::Postgres(pool) => {
+            sqlx::query_as(
+                "SELECT job_id, kind, payload::text FROM mailroom_outbox ORDER BY id DESC LIMIT $1",
+            )
+            .bind(i64::from(n))
+            .fetch_all(pool)
+            .await
+        }
+        Database::MySql(pool) => {
+            sqlx::query_as(
+                // job_id is VARBINARY (byte-exact keys): read it back as text.
+                "SELECT CAST(job_id AS CHAR CHARACTER SET utf8mb4), kind, CAST(payload AS CHAR) \
+             FROM mailroom_outbox ORDER BY id DESC LIMIT ?",
+            )
+            .bind(i64::from(n))
+            .fetch_all(pool)
+            .await
+        }
     }
     .unwrap()
 }
