@@ -1,10 +1,11 @@
 //! The chaos soak (issue 6): producers commit thousands of jobs (about 5 % bad) into the outbox
 //! while 3 worker and 2 relay processes run and a seeded nemesis SIGKILLs them, drops every
 //! broker connection of the soak's vhost, stalls SMTP, starves one worker's SMTP pool while
-//! copies of recent jobs are published (`starve-smtp`: see [`cluster::STARVED_WORKER_ARGS`])
-//! (and, only where switched on, restarts the broker). Then it heals, drains, and the checker ([`checker`]) counts lost, duplicated,
-//! unexpected, misfiled and stuck jobs from what the SMTP server, the ledger, the dead-letter
-//! queue and the workers' logs recorded, and the processes that did not exit 0 on SIGTERM.
+//! copies of claimed and recent jobs are published (`starve-smtp`: see
+//! [`cluster::STARVED_WORKER_ARGS`]) and, only where switched on, restarts the broker. Then it
+//! heals, drains, and the checker ([`checker`]) counts lost, duplicated, unexpected, misfiled
+//! and stuck jobs from what the SMTP server, the ledger, the dead-letter queue and the workers'
+//! logs recorded, and the processes that did not exit 0 on SIGTERM.
 //!
 //! `MAILROOM_SOAK_SEED` replays a run (the seed is always printed), `MAILROOM_SOAK_JOBS` sets
 //! its size, `MAILROOM_SOAK_SECONDS` the length of the nemesis phase, `MAILROOM_SOAK_OPS` the

@@ -52,8 +52,9 @@ pub const STARVED_WORKER_ARGS: &[&str] = &[
 /// machine a few sends of the 2 s workers still time out: uncertain sends, which the checker
 /// explains as W1 by their own log line, never by the wait.)
 const STARVE_STALL: Duration = Duration::from_millis(1500);
-/// Copies of the newest outbox rows published at each nemesis tick while SMTP is starved.
-const STARVE_COPIES: u32 = 20;
+/// Copies published at each nemesis tick while SMTP is starved: of up to this many jobs whose
+/// claim is held (a worker may be waiting for a session on it), and of this many newest rows.
+const STARVE_COPIES: u32 = 30;
 
 /// How long a process may take to exit after SIGTERM: mailroom's default shutdown grace (30 s)
 /// plus time to close its connections.
@@ -321,7 +322,9 @@ impl<'a> Cluster<'a> {
                     self.set_stall(Some((delay, rng.millis(2000, 8000))));
                 }
                 Op::StarveSmtp if self.stall_until.is_none() => {
-                    self.set_stall(Some((STARVE_STALL, rng.millis(8000, 15000))));
+                    // Long enough for the starved worker's queue to outlive its lease,
+                    // short enough that the backlog drains within the soak's time.
+                    self.set_stall(Some((STARVE_STALL, rng.millis(5000, 9000))));
                     self.copying = true;
                     self.publish_copies().await;
                 }
@@ -334,7 +337,7 @@ impl<'a> Cluster<'a> {
     /// Publishes a copy of each of the newest outbox rows.
     async fn publish_copies(&mut self) {
         let n = super::copies::publish(self.app, STARVE_COPIES).await;
-        self.note(format!("published {n} copies of the newest jobs"));
+        self.note(format!("published {n} copies of claimed and new jobs"));
     }
 
     /// `rabbitmqctl stop_app`, a pause, `start_app`: restarts the whole broker node (every
