@@ -27,6 +27,9 @@ use crate::smtp::{SendError, Session};
 
 /// Extra wait past a live lease before trying again, so the retry lands after it expired.
 const LEASE_MARGIN: Duration = Duration::from_secs(1);
+/// How long a delivery tries to give back a claim whose commit outcome is unknown before it
+/// moves on (the database is failing; the claim then ends with its lease).
+const RELEASE_PATIENCE: Duration = Duration::from_secs(2);
 /// Growth of the retry delay per attempt (before rounding up to a tier).
 const RETRY_FACTOR: f32 = 3.0;
 
@@ -143,7 +146,9 @@ impl Worker {
                 return dead(ErrorClass::Invalid, reason, 0);
             }
             Err(e) => {
-                self.release_unknown_claim(&request).await;
+                if commit_outcome_unknown(&e) {
+                    self.release_unknown_claim(&request).await;
+                }
                 return self.retry(Duration::ZERO, format!("database unavailable: {e}"));
             }
         };
@@ -185,13 +190,12 @@ impl Worker {
     async fn release_unknown_claim(&self, request: &ClaimRequest<'_>) {
         let db = self.ledger.database();
         let reason = "claim outcome unknown (the database failed during the claim); given back";
-        match db
-            .release(request.job_id, request.kind, request.token, reason)
-            .await
-        {
-            Ok(true) => tracing::info!("the claim had committed after all; gave it back"),
-            Ok(false) => {}
-            Err(e) => tracing::debug!(error = %e, "cannot check whether the claim committed"),
+        let release = db.release(request.job_id, request.kind, request.token, reason);
+        match tokio::time::timeout(RELEASE_PATIENCE, release).await {
+            Ok(Ok(true)) => tracing::info!("the claim had committed after all; gave it back"),
+            Ok(Ok(false)) => {}
+            Ok(Err(e)) => tracing::debug!(error = %e, "cannot check whether the claim committed"),
+            Err(_) => tracing::debug!("cannot check whether the claim committed: no answer"),
         }
     }
 
@@ -494,6 +498,16 @@ fn record<'a>(
         error: Some(reason),
         class: class.map(ErrorClass::as_str),
     }
+}
+
+/// Whether a failed claim may still have committed: the connection broke while the statement
+/// or its COMMIT was on the wire. A pool that gave no connection, or an error the database
+/// answered with, means nothing was written.
+fn commit_outcome_unknown(e: &sqlx::Error) -> bool {
+    matches!(
+        e,
+        sqlx::Error::Io(_) | sqlx::Error::Protocol(_) | sqlx::Error::WorkerCrashed
+    )
 }
 
 fn dead(class: ErrorClass, reason: String, attempts: i64) -> Outcome {
