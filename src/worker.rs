@@ -16,6 +16,8 @@
 //! queue until the alarm clears; the other deliveries are still sent and acked.
 
 mod breaker;
+#[cfg(test)]
+mod model;
 mod process;
 mod settle;
 pub mod stats;
