@@ -32,7 +32,24 @@
 //! after each step (tokens are only ever compared for equality); replays, invalid jobs and
 //! template errors are left out (they dead-letter without sending).
 //!
-//! Checked properties: see [`Mailroom::properties`]; the tests are in `tests.rs`.
+//! A pending write that a crash leaves behind is dropped: one that lands later ("ghost")
+//! could only take over a claim without sending on it, or write through its own token guard,
+//! which the crash-then-redelivery paths already cover.
+//!
+//! What the check shows (`tests.rs`; `cargo test --lib worker::model -- --nocapture` prints
+//! the counts and the counterexamples), under both policies and with up to two faults:
+//! - a second acceptance only ever follows the takeover of a claim whose email was accepted and
+//!   not recorded ([`Windows`]), and a dot only goes out under its sender's own live lease;
+//! - under `dead-letter` no job is accepted twice at all;
+//! - every world can still end the job (`sent`, or dead-lettered with a class) once faults
+//!   stop, no world is stuck, and the only loops go through give-backs at the fence: a claim
+//!   that is always too slow (its commit or its render eats the claim budget every time) is
+//!   given back forever, uncounted, as a database outage retries forever;
+//! - without the fence, two live workers send one job twice with no fault at all;
+//! - a reply lost to a live worker under `resend` is a window of its own: the worker records
+//!   `uncertain` and its retry takes the row over and sends again, no crash, nothing
+//!   unrecorded (README's W2; the protocol as first written for issue 12 named a lost reply
+//!   only together with a crash).
 
 mod step;
 mod tests;
@@ -114,7 +131,7 @@ pub(super) struct Row {
 }
 
 /// The state of an accepted email whose `sent` is not written: this is what a takeover finds
-/// when it resends, and what explains the duplicate (PROTOCOL.md's windows).
+/// when it resends, and what explains the duplicate (the README's windows).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub(super) enum Unrecorded {
     /// Its holder is still at it (waiting for the reply, or recording `sent`).
@@ -200,10 +217,11 @@ pub(super) enum Outcome {
 }
 
 /// How many times a claim whose email was accepted, `sent` unwritten, was taken over (the only
-/// way to a second send), by what its holder had become: crashed (W1), still recording or
-/// given up recording within its lease (W2), or alive after losing the server's reply (the
-/// "may have accepted" of W1, without a crash). A takeover while the holder still waits for
-/// the reply is no window: the fence must make that impossible.
+/// way to a second send), by what its holder had become. README's W1 is `crashed` (the holder
+/// died) and `unrecorded` (alive, it could not commit `sent` within its lease: still recording,
+/// or given up); README's W2 is `reply_lost` (alive, the reply to the dot never came). A
+/// takeover while the holder still waits for its reply counts as no window: the fence must
+/// make that impossible.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub(super) struct Windows {
     pub crashed: u8,
@@ -369,13 +387,17 @@ impl Model for Mailroom {
         Some(next)
     }
 
+    /// The `always` properties: a second acceptance needs a window; the fence keeps every dot
+    /// inside its sender's live lease, and a deadline inside its lease; `sent` means accepted;
+    /// a world where nothing can happen has ended the job. The `sometimes` properties show
+    /// that the paths that matter are reached, so no `always` holds for want of a path.
     fn properties(&self) -> Vec<Property<Self>> {
         vec![
             Property::always("no duplicate outside a window", |_, w: &World| {
                 w.accepted <= 1 + w.windows.total()
             }),
             Property::always(
-                "no duplicate outside W1 and W2 as PROTOCOL.md words them",
+                "no duplicate outside a crash or an unrecorded sent",
                 |_, w: &World| w.accepted <= 1 + w.windows.crashed + w.windows.unrecorded,
             ),
             Property::always(

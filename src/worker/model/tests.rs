@@ -29,7 +29,7 @@ const REACHED: [&str; 3] = [
     "a claim is given back at the fence",
 ];
 
-const WORDED: &str = "no duplicate outside W1 and W2 as PROTOCOL.md words them";
+const WORDED: &str = "no duplicate outside a crash or an unrecorded sent";
 const DUPLICATE: &str = "a window lets a duplicate through";
 
 fn mailroom(on_uncertain: OnUncertain) -> Mailroom {
@@ -144,8 +144,9 @@ fn under_dead_letter_a_job_is_sent_at_most_once_and_always_ends() {
 
 #[test]
 fn a_reply_lost_to_a_live_worker_under_resend_is_a_window_of_its_own() {
-    // PROTOCOL.md names a lost reply only in W1, with the worker crashed. Alive, the worker
-    // records `uncertain`, and under `resend` the retry takes that row over and sends again.
+    // The protocol as first written for issue 12 named a lost reply only with a crash (W1).
+    // Alive, the worker records `uncertain`, and under `resend` its retry takes that row over
+    // and sends again: no crash, nothing unrecorded (README's W2 names it).
     let run = Run::of(OnUncertain::Resend);
     let (steps, last) = until(run.assert_reached(WORDED), |w| w.accepted == 2);
     eprintln!("a duplicate with no crash and nothing unrecorded: {steps:?}");
