@@ -206,11 +206,15 @@ fn explore(model: &Mailroom) -> Graph {
             let gives_back = matches!(action, Action::Fence(w) if world.workers[w]
                 .is_some_and(|d| matches!(d.step, Step::Writing { write: Write::Release, .. })));
             let world = world.representative();
-            let to = *index.entry(world.clone()).or_insert_with(|| {
-                graph.worlds.push(world);
-                queue.push_back(graph.worlds.len() - 1);
-                graph.worlds.len() - 1
-            });
+            let to = match index.get(&world) {
+                Some(&to) => to,
+                None => {
+                    graph.worlds.push(world.clone());
+                    index.insert(world, graph.worlds.len() - 1);
+                    queue.push_back(graph.worlds.len() - 1);
+                    graph.worlds.len() - 1
+                }
+            };
             edges.push(Edge {
                 to,
                 fault: action.is_fault(),
