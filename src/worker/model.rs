@@ -85,6 +85,9 @@ pub(super) struct Mailroom {
     pub on_uncertain: OnUncertain,
     /// Whether step 5 exists. Without it, this is the design issue 12's finding 1 broke.
     pub fence: bool,
+    /// Whether records and give-backs only land on the writer's own claim (the token guard of
+    /// `record` and `release`). Without it, a late write lands on a claim taken over since.
+    pub token_guard: bool,
     /// How many faults may happen in one run.
     pub faults: u8,
     /// `MAILROOM_MAX_ATTEMPTS`.

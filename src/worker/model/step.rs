@@ -123,7 +123,7 @@ impl Mailroom {
             }
             Step::Writing { write, deadline } => {
                 if written {
-                    world.write(write, d.token);
+                    world.write(write, d.token, self.token_guard);
                 }
                 let step = match write {
                     Write::Sent => return self.sent_answered(world, w, written && ok, deadline),

@@ -1,5 +1,6 @@
 //! The checks, for both `MAILROOM_ON_UNCERTAIN` policies, and the proof that the model can
-//! fail: without the fence the checker finds two live workers sending one job twice.
+//! fail: without the fence, or without the token guard on ledger writes, the checker finds
+//! two live workers sending one job twice.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::OnceLock;
@@ -36,6 +37,7 @@ fn mailroom(on_uncertain: OnUncertain) -> Mailroom {
     Mailroom {
         on_uncertain,
         fence: true,
+        token_guard: true,
         faults: FAULTS,
         max_attempts: 2,
     }
@@ -173,6 +175,24 @@ fn without_the_fence_two_live_workers_send_one_job_twice() {
     );
     assert_eq!(last.windows.total(), 0);
     checker.assert_any_discovery("the dot goes out only under the sender's live lease");
+}
+
+#[test]
+fn without_the_token_guard_a_late_write_lets_two_live_workers_send_twice() {
+    let model = Mailroom {
+        token_guard: false,
+        faults: 0,
+        ..mailroom(OnUncertain::Resend)
+    };
+    let checker = model.checker().spawn_bfs().join();
+    let found = checker.assert_any_discovery("no duplicate outside a window");
+    let (steps, last) = until(&found, |w| w.accepted == 2);
+    eprintln!("the duplicate without a token guard: {steps:?}");
+    assert!(
+        steps.iter().all(|a| !a.is_fault()),
+        "no crash, lost reply or failed commit"
+    );
+    assert_eq!(last.windows.total(), 0);
 }
 
 /// Every reachable world (up to names), and the steps between them.
