@@ -4,25 +4,33 @@
 //! a lease can expire anywhere. Faults (a crash of either worker at any step, a group commit
 //! that fails or whose outcome is unknown, a reply lost after the dot) happen at most
 //! [`Mailroom::faults`] times, which keeps the world finite; 4xx and 5xx answers are the
-//! server's choice and cost nothing. The protocol is the one written down for issue 12 (steps
-//! 1–8 below); the model calls the product's own [`judge_refusal`] for refused claims.
+//! server's choice and cost nothing. The protocol is the one written down for issue 12, whose
+//! steps the numbers below name: 1 decode, 2 SMTP session, 3 claim, 4 render, 5 fence, 6 send,
+//! 7 record, 8 ack.
 //!
-//! | action          | protocol step                                          | code it describes |
-//! |-----------------|--------------------------------------------------------|-------------------|
-//! | `Claim`         | an idle worker takes a copy, 1 decodes it, 2 gets an SMTP session, 3 issues the claim; its deadline starts | `process`: `Mailer::session`, `Ledger::claim` |
-//! | `Commit`        | the group commit holding the pending write answers     | `db/group.rs` `write_group`; `claim`, `record`, `release` in `db/{postgres,mysql}.rs` |
-//! | `CommitFails`   | fault: the group failed, nothing written, error        | same |
-//! | `CommitUnknown` | fault: written, but the member sees an error           | same |
-//! | (claim answer)  | 3 claimed; refused → [`judge_refusal`]; poison check; an unknown claim is released by its token | `process`, `refused`, `release_unknown_claim` |
-//! | `Fence`         | 4 render, 5 fence: send, or give the claim back        | `send_claimed`: `Deadline::covers_send`, `give_back` |
-//! | `Dot`           | 6 the server accepts the final dot (counted)           | `Mailer::send_in` |
-//! | `Refused`       | 6 4xx, refused, a break or timeout before the dot      | `SendError::{Transient, Unreachable}` → `retry_or_give_up` |
-//! | `Rejected`      | 6 5xx                                                  | `SendError::Permanent` → `give_up` |
-//! | `Reply`         | 6 the 250 arrives → 7 record `sent`, retried until the deadline | `record_sent` |
-//! | `ReplyLost`     | fault: break or timeout after the dot → uncertain      | `SendError::Uncertain` |
-//! | `Settle`        | 8 ack, retry tier (publish then ack), or dead letter   | `worker/settle.rs` |
-//! | `Crash`         | the worker dies anywhere; the broker redelivers its copy | — |
-//! | `Tick`          | time passes: leases, deadlines, send timeouts, retry delays | — |
+//! Each action, the protocol step it stands for, and the code it describes:
+//! - `Claim`: an idle worker takes a copy, decodes it (1), gets an SMTP session (2: waiting
+//!   holds no claim, the copy may wait in the broker as long) and issues the claim (3); its
+//!   deadline starts now. `process`: `Mailer::session`, `Ledger::claim`.
+//! - `Commit`, and the faults `CommitFails` (nothing written, error) and `CommitUnknown`
+//!   (written, error): the group commit holding a worker's pending write answers.
+//!   `db/group.rs` `write_group`; `claim`, `record`, `release` in `db/{postgres,mysql}.rs`.
+//! - The claim's answer (3): claimed, with the poison check; refused, judged by the product's
+//!   own [`judge_refusal`]; an error, and the claim is given back by its token in case it
+//!   committed. `process`, `refused`, `release_unknown_claim`.
+//! - `Fence` (4, 5): render, then send only if the send and its record fit before the
+//!   deadline, else give the claim back. `send_claimed`: `Deadline::covers_send`, `give_back`.
+//! - `Dot` (6): the server accepts the final dot, and counts it. `Mailer::send_in`.
+//! - `Refused` (6): 4xx, refused, a break or timeout before the dot. `SendError::Transient`,
+//!   `Unreachable` → `retry_or_give_up`. `Rejected` (6): 5xx. `SendError::Permanent` →
+//!   `give_up`.
+//! - `Reply` (6, 7): the 250 arrives; record `sent`, retried until the deadline, then a retry
+//!   tier. `record_sent`. The fault `ReplyLost`: a break or timeout after the dot
+//!   (`SendError::Uncertain`), handled by policy.
+//! - `Settle` (8): ack, retry tier (publish then ack), or dead letter. `worker/settle.rs`.
+//! - `Crash`: the worker dies at any step; the broker redelivers its copy.
+//! - `Tick`: time passes for leases, deadlines, send timeouts and retry delays, except past a
+//!   send's whole-send timeout (the send ends first).
 //!
 //! Simplifications, each of which only adds behaviours or cannot matter for one job: one group
 //! holds each `(job_id, kind)` at most once, so for one row a group commit is a single write
