@@ -17,6 +17,8 @@
 
 mod breaker;
 pub mod lease;
+#[cfg(test)]
+mod model;
 mod process;
 mod settle;
 pub mod stats;
