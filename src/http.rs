@@ -33,6 +33,7 @@ use crate::broker::Topology;
 use crate::config::UrlList;
 use crate::db::Database;
 use crate::db::outbox::{EnqueueError, Enqueued};
+use crate::dlq::seal::ReplayKey;
 use crate::job::{EmailJob, JobError};
 use crate::metrics::Metrics;
 use crate::render::LiveTemplates;
@@ -51,6 +52,8 @@ pub struct ApiState {
     pub relay_wake: Option<Arc<tokio::sync::Notify>>,
     /// What `/metrics` reports.
     pub metrics: Metrics,
+    /// `MAILROOM_REPLAY_KEY`, to seal replays; `None` uses the key kept in the database.
+    pub replay_key: Option<ReplayKey>,
 }
 
 /// Refuses a configuration that would expose an unauthenticated API beyond this machine.

@@ -136,6 +136,7 @@ impl HttpOptions {
             templates,
             token: self.api_token.clone(),
             relay_wake,
+            replay_key: broker.replay_key.clone(),
         }))
     }
 }

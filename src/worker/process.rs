@@ -115,8 +115,12 @@ impl Worker {
             message_id: &message_id,
             lease: self.settings.lease,
             resend_uncertain: self.settings.on_uncertain == OnUncertain::Resend,
-            replay: broker::int_header(&delivery.properties, broker::REPLAY_HEADER)
-                .is_some_and(|n| n > 0),
+            replay: match self.replay_keys.honour(delivery).await {
+                Ok(genuine) => genuine,
+                Err(e) => {
+                    return self.retry(Duration::ZERO, format!("database unavailable: {e:#}"));
+                }
+            },
         };
         let replay = request.replay;
         let claim = match self.ledger.claim(&request).await {

@@ -56,6 +56,7 @@ impl Api {
             token: Some(TOKEN.into()),
             relay_wake: None,
             metrics,
+            replay_key: None,
         });
         let shutdown = CancellationToken::new();
         tokio::spawn(http::serve(listener, state, shutdown.clone()));

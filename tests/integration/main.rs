@@ -25,6 +25,7 @@ mod metrics;
 mod outbox;
 mod poison;
 mod proxy_faults;
+mod security;
 mod smtp_faults;
 mod soak;
 mod templates;
