@@ -1,15 +1,21 @@
 //! The small holes of issue 12 §5, against real services: a forged replay marker resurrects
-//! nothing (counted at the SMTP server), and credentials are never sent where they could be
-//! read.
+//! nothing (counted at the SMTP server), credentials are never sent where they could be read,
+//! and `/readyz` keeps one broker connection and tells strangers no broker details.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use lapin::{Connection, options::BasicPublishOptions, types::AMQPValue};
 use mailroom::broker;
+use mailroom::config::UrlList;
 use mailroom::dlq::seal::{ReplayKey, SEAL_HEADER};
-use serde_json::Value;
+use mailroom::http::{self, ApiState, BrokerProbe};
+use mailroom::metrics::Metrics;
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
 
 use crate::helpers::*;
+use crate::http::TOKEN;
 
 /// What the worker logs for each copy whose replay marker has no valid seal.
 const FORGED_WARNING: &str = "replay marker without a valid seal";
@@ -114,4 +120,134 @@ async fn a_worker_refuses_to_start_when_its_smtp_password_could_travel_in_clear_
         );
         assert!(!out.stderr.contains("s3cret"), "{}", out.stderr);
     }
+}
+
+/// An API on a port of its own whose readiness probe reaches the broker at `amqp`.
+async fn api_probing(app: &TestApp, amqp: &str) -> (String, CancellationToken) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    let amqp: UrlList = amqp.parse().unwrap();
+    let state = Arc::new(ApiState {
+        db: app.db.clone(),
+        amqp: amqp.clone(),
+        topology: app.topology.clone(),
+        templates: None,
+        token: Some(TOKEN.into()),
+        relay_wake: None,
+        metrics: Metrics::default(),
+        broker_probe: BrokerProbe::new(amqp, "mailroom test readiness probe"),
+        replay_key: None,
+    });
+    let shutdown = CancellationToken::new();
+    tokio::spawn(http::serve(listener, state, shutdown.clone()));
+    (base, shutdown)
+}
+
+async fn probe(base: &str, token: Option<&str>) -> (u16, String) {
+    let mut req = reqwest::Client::new().get(format!("{base}/readyz"));
+    if let Some(token) = token {
+        req = req.bearer_auth(token);
+    }
+    let resp = req.send().await.unwrap();
+    (resp.status().as_u16(), resp.text().await.unwrap())
+}
+
+/// The client ports of the readiness probe's connections in `vhost`, as the broker lists them
+/// (the name a client gives its connection is among its `client_properties`).
+async fn probe_connections(vhost: &Vhost) -> Vec<String> {
+    let out = tokio::process::Command::new("rabbitmqctl")
+        .args([
+            "-q",
+            "list_connections",
+            "vhost",
+            "peer_port",
+            "client_properties",
+        ])
+        .output()
+        .await
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|line| {
+            let cols: Vec<&str> = line.splitn(3, '\t').collect();
+            let ours = cols.len() == 3
+                && cols[0] == vhost.name
+                && cols[2].contains("\"mailroom test readiness probe\"");
+            ours.then(|| cols[1].to_string())
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn many_readiness_probes_share_one_broker_connection() {
+    let vhost = Vhost::create().await;
+    let app = TestApp::spawn_on(vhost.url.clone(), &[]).await;
+    let (base, shutdown) = api_probing(&app, &vhost.url).await;
+    for _ in 0..20 {
+        let (code, body) = probe(&base, None).await;
+        assert_eq!(code, 200, "{body}");
+    }
+    let first = probe_connections(&vhost).await;
+    assert_eq!(first.len(), 1, "one kept connection: {first:?}");
+    for _ in 0..20 {
+        assert_eq!(probe(&base, None).await.0, 200);
+    }
+    assert_eq!(
+        probe_connections(&vhost).await,
+        first,
+        "the same connection"
+    );
+
+    // The broker drops it: a later probe opens one new connection and is ready again.
+    vhost.close_all_connections().await;
+    let second = eventually("a new probe connection", || async {
+        assert_eq!(probe(&base, None).await.0, 200);
+        let now = probe_connections(&vhost).await;
+        (now.len() == 1 && now != first).then_some(now)
+    })
+    .await;
+    for _ in 0..5 {
+        assert_eq!(probe(&base, None).await.0, 200);
+    }
+    assert_eq!(probe_connections(&vhost).await, second);
+    shutdown.cancel();
+    vhost.delete().await;
+}
+
+#[tokio::test]
+async fn a_failing_readiness_probe_names_no_broker_user_host_or_vhost_to_strangers() {
+    let app = TestApp::spawn().await;
+    let vhost = format!(
+        "mailroom-missing-{}",
+        &uuid::Uuid::new_v4().simple().to_string()[..12]
+    );
+    let mut url = url::Url::parse(&amqp_url()).unwrap();
+    url.set_path(&format!("/{vhost}"));
+    let (base, shutdown) = api_probing(&app, url.as_str()).await;
+
+    let (code, body) = probe(&base, None).await;
+    assert_eq!(code, 503, "{body}");
+    let parsed: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(
+        parsed,
+        json!({"status": "unavailable", "checks": {"database": "ok", "broker": "down"}})
+    );
+    let (_, wrong) = probe(&base, Some("wrong-token")).await;
+    assert_eq!(wrong, body);
+    for secret in [url.username(), url.host_str().unwrap(), vhost.as_str()] {
+        assert!(!body.contains(secret), "{secret:?} in {body}");
+    }
+
+    // The operator, with the token, gets the reason.
+    let (code, body) = probe(&base, Some(TOKEN)).await;
+    assert_eq!(code, 503);
+    let parsed: Value = serde_json::from_str(&body).unwrap();
+    let why = parsed["details"]["broker"].as_str().unwrap();
+    assert!(why.contains(&vhost), "{why}");
+    shutdown.cancel();
 }
