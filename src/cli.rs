@@ -107,6 +107,7 @@ pub struct WorkerArgs {
     pub broker: BrokerArgs,
     /// SMTP server: smtp://host:25 (plain, loopback only), smtp://user:pass@host:587?tls=required
     /// (STARTTLS), smtps://user:pass@host:465 (implicit TLS), or file:///dir to write .eml files.
+    /// A password goes only over smtps:// or tls=required (loopback excepted).
     #[arg(long, env = "SMTP_URL", hide_env_values = true)]
     pub smtp_url: SecretUrl,
     /// Sender mailbox, e.g. "Shop <noreply@shop.example>".

@@ -5,7 +5,7 @@
 //! | --- | --- |
 //! | `DATABASE_URL` | `postgres://…` |
 //! | `AMQP_URL` | `amqp://…` / `amqps://…`; a comma-separated list fails over between nodes |
-//! | `SMTP_URL` | `smtp://`, `smtps://`, `smtp://…?tls=required`, with credentials; `file:///dir` |
+//! | `SMTP_URL` | `smtp://`, `smtps://`, `smtp://…?tls=required`, with credentials (only over `smtps://` or `tls=required`, or on loopback); `file:///dir` |
 //! | `MAILROOM_NAMESPACE` | prefix of every exchange and queue name (`mailroom`) |
 //! | `MAILROOM_TEMPLATES` | template directory |
 //! | `MAILROOM_FROM` | sender mailbox |
@@ -15,6 +15,7 @@
 //! | `MAILROOM_CONCURRENCY`, `MAILROOM_PREFETCH`, `MAILROOM_SMTP_CONNECTIONS`, `MAILROOM_SHUTDOWN_GRACE` | see `mailroom worker --help` |
 //! | `MAILROOM_TEMPLATE_RELOAD_INTERVAL` | how often `worker`, `run` and `serve` check the template directory for edits |
 //! | `MAILROOM_METRICS_ADDR` | an own `/metrics` listener for `worker` or `relay` |
+//! | `MAILROOM_REPLAY_KEY` | seals replayed dead letters (default: a random key kept in the database) |
 //!
 //! URLs are held in [`SecretUrl`], whose `Display` and `Debug` never show a password (neither
 //! the one before `@` nor one in the query string, `?password=`, `?sslpassword=`, `?token=`, …),
