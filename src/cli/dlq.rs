@@ -153,13 +153,18 @@ impl DlqArgs {
             DlqCommand::Replay(a) => &a.broker,
             DlqCommand::Purge(a) => &a.broker,
         };
+        // A replay without its key fails before it touches the broker.
+        let key = match &self.command {
+            DlqCommand::Replay(a) if !a.dry_run => Some(replay_key(a).await?),
+            _ => None,
+        };
         let dlq = DeadLetters::connect(&broker.amqp_url, broker.topology(), "mailroom dlq").await?;
-        let result = match &self.command {
-            DlqCommand::List(a) => list(&dlq, a).await,
-            DlqCommand::Show(a) => show(&dlq, a).await,
-            DlqCommand::Replay(a) if a.dry_run => dry_run(&dlq, a).await,
-            DlqCommand::Replay(a) => replay(&dlq, a).await,
-            DlqCommand::Purge(a) => purge(&dlq, a).await,
+        let result = match (&self.command, key) {
+            (DlqCommand::List(a), _) => list(&dlq, a).await,
+            (DlqCommand::Show(a), _) => show(&dlq, a).await,
+            (DlqCommand::Replay(a), Some(key)) => replay(&dlq, a, &key).await,
+            (DlqCommand::Replay(a), None) => dry_run(&dlq, a).await,
+            (DlqCommand::Purge(a), _) => purge(&dlq, a).await,
         };
         dlq.close().await;
         result
@@ -201,10 +206,9 @@ async fn show(dlq: &DeadLetters, a: &ShowArgs) -> anyhow::Result<()> {
     }
 }
 
-async fn replay(dlq: &DeadLetters, a: &ReplayArgs) -> anyhow::Result<()> {
-    let key = replay_key(a).await?;
+async fn replay(dlq: &DeadLetters, a: &ReplayArgs, key: &ReplayKey) -> anyhow::Result<()> {
     let sel = selection(&a.ids, &a.kind, &a.class);
-    let report = dlq.replay(&sel, &key, &mut progress("replaying")).await;
+    let report = dlq.replay(&sel, key, &mut progress("replaying")).await;
     finish(dlq, &sel, report, a.json)
 }
 

@@ -99,6 +99,57 @@ async fn a_forged_replay_marker_does_not_resurrect_a_dead_job_but_mailrooms_repl
     assert_eq!(worker_log(&app).matches(FORGED_WARNING).count(), 2);
 }
 
+/// `mailroom dlq replay <id>` with `MAILROOM_REPLAY_KEY` and no database.
+async fn replay_with_key(app: &TestApp, id: &str, key: &str) -> CliOutput {
+    let env = [
+        ("AMQP_URL", app.amqp_url.as_str()),
+        ("MAILROOM_NAMESPACE", app.namespace.as_str()),
+        ("MAILROOM_RETRY_DELAYS", TEST_RETRY_DELAYS),
+        ("MAILROOM_REPLAY_KEY", key),
+    ];
+    run_cli(&["dlq", "replay", id], &env).await
+}
+
+#[tokio::test]
+async fn a_configured_replay_key_must_be_the_same_for_the_replay_and_the_worker() {
+    let app = TestApp::spawn_with(&["--fail", "RCPT:550:1"]).await;
+    let key = "k".repeat(40);
+    let worker = app.start_worker(&["--replay-key", &key]);
+    app.publish(&app.job("keyed")).await;
+    worker.stats.wait_until(|s| s.dead_lettered == 1).await;
+
+    let refused = run_cli(
+        &["dlq", "replay", "keyed"],
+        &[
+            ("AMQP_URL", app.amqp_url.as_str()),
+            ("MAILROOM_NAMESPACE", app.namespace.as_str()),
+        ],
+    )
+    .await;
+    assert!(!refused.status.success());
+    assert!(
+        refused.stderr.contains("MAILROOM_REPLAY_KEY"),
+        "{}",
+        refused.stderr
+    );
+    assert_eq!(app.dead_count().await, 1, "nothing moved");
+
+    let other = replay_with_key(&app, "keyed", &"o".repeat(40)).await;
+    assert!(other.status.success(), "{}", other.stderr);
+    worker.stats.wait_until(|s| s.dead_lettered == 2).await;
+    assert_eq!(
+        app.smtp.received().len(),
+        0,
+        "another key's seal was honoured"
+    );
+
+    let same = replay_with_key(&app, "keyed", &key).await;
+    assert!(same.status.success(), "{}", same.stderr);
+    worker.stats.wait_until(|s| s.sent == 1).await;
+    worker.stop().await;
+    assert_eq!(app.smtp.count(&app.message_id("keyed", "welcome")), 1);
+}
+
 #[tokio::test]
 async fn a_worker_refuses_to_start_when_its_smtp_password_could_travel_in_clear_text() {
     let app = TestApp::spawn().await;
