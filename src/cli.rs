@@ -17,6 +17,7 @@ mod templates;
 use crate::broker::{self, Topology};
 use crate::config::{self, Delays, OnUncertain, SecretUrl, UrlList};
 use crate::db::Database;
+use crate::dlq::seal::ReplayKey;
 use crate::job::EmailJob;
 use crate::metrics::Metrics;
 use crate::render::{LiveTemplates, Templates};
@@ -85,6 +86,11 @@ pub struct BrokerArgs {
     /// Retry tiers (queues whose TTL sends a job back), comma-separated, increasing.
     #[arg(long, env = "MAILROOM_RETRY_DELAYS", default_value = "5s,30s,2m,10m,1h", value_parser = config::parse_delays)]
     pub retry_delays: Delays,
+    /// Key that seals replayed dead letters, so workers honour only mailroom's own replays
+    /// (32+ characters; the same on every worker and replaying process). Default: a random key
+    /// kept in the database, created on first use.
+    #[arg(long, env = "MAILROOM_REPLAY_KEY", hide_env_values = true)]
+    pub replay_key: Option<ReplayKey>,
 }
 
 impl BrokerArgs {
@@ -101,6 +107,7 @@ pub struct WorkerArgs {
     pub broker: BrokerArgs,
     /// SMTP server: smtp://host:25 (plain, loopback only), smtp://user:pass@host:587?tls=required
     /// (STARTTLS), smtps://user:pass@host:465 (implicit TLS), or file:///dir to write .eml files.
+    /// A password goes only over smtps:// or tls=required (loopback excepted).
     #[arg(long, env = "SMTP_URL", hide_env_values = true)]
     pub smtp_url: SecretUrl,
     /// Sender mailbox, e.g. "Shop <noreply@shop.example>".
@@ -252,6 +259,7 @@ impl WorkerArgs {
             ledger_group: self.ledger_group.max(1),
             shutdown_grace: self.shutdown_grace,
             name: format!("mailroom worker (pid {})", std::process::id()),
+            replay_key: self.broker.replay_key.clone(),
         };
         Ok(Worker::new(settings, db, Arc::new(templates), mailer))
     }

@@ -7,13 +7,15 @@
 //! - `GET /v1/emails/{job_id}/{kind}`: the job's state (see [`crate::status`]).
 //! - `/v1/dlq…`: the dead-letter queue ([`dlq`]): list, show, replay, purge.
 //! - `GET /metrics`: Prometheus text ([`crate::metrics`]).
-//! - `GET /healthz` (the process runs) and `GET /readyz` (database and broker reachable).
+//! - `GET /healthz` (the process runs) and `GET /readyz` (database and broker reachable, on a
+//!   kept connection; error details only with the token: [`ready`]).
 //!
 //! `/v1` requires `Authorization: Bearer <MAILROOM_API_TOKEN>`. Without a token the server
 //! refuses to listen on anything but a loopback address. `/metrics`, like the health checks,
 //! needs no token: it holds counts, template names and a revision, no job data.
 
 mod dlq;
+pub mod ready;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -33,9 +35,11 @@ use crate::broker::Topology;
 use crate::config::UrlList;
 use crate::db::Database;
 use crate::db::outbox::{EnqueueError, Enqueued};
+use crate::dlq::seal::ReplayKey;
 use crate::job::{EmailJob, JobError};
 use crate::metrics::Metrics;
 use crate::render::LiveTemplates;
+pub use ready::BrokerProbe;
 
 /// What the handlers share.
 pub struct ApiState {
@@ -51,6 +55,10 @@ pub struct ApiState {
     pub relay_wake: Option<Arc<tokio::sync::Notify>>,
     /// What `/metrics` reports.
     pub metrics: Metrics,
+    /// `/readyz`'s broker connection, kept between probes.
+    pub broker_probe: BrokerProbe,
+    /// `MAILROOM_REPLAY_KEY`, to seal replays; `None` uses the key kept in the database.
+    pub replay_key: Option<ReplayKey>,
 }
 
 /// Refuses a configuration that would expose an unauthenticated API beyond this machine.
@@ -76,7 +84,7 @@ pub fn router(state: Arc<ApiState>) -> Router {
     Router::new()
         .route("/healthz", get(|| async { "ok" }))
         .route("/metrics", get(metrics))
-        .route("/readyz", get(ready))
+        .route("/readyz", get(ready::ready))
         .merge(api)
         .with_state(state)
 }
@@ -139,20 +147,27 @@ async fn require_token(
     request: Request,
     next: Next,
 ) -> Response {
-    if let Some(token) = &state.token {
-        let given = headers
-            .get(header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "));
-        if !given.is_some_and(|g| constant_time_eq(g.as_bytes(), token.as_bytes())) {
-            return error(
-                StatusCode::UNAUTHORIZED,
-                None,
-                "missing or wrong bearer token",
-            );
-        }
+    if !authorized(&state, &headers) {
+        return error(
+            StatusCode::UNAUTHORIZED,
+            None,
+            "missing or wrong bearer token",
+        );
     }
     next.run(request).await
+}
+
+/// Whether the request carries the API's bearer token (always, when the API has none: it then
+/// listens on loopback only).
+fn authorized(state: &ApiState, headers: &HeaderMap) -> bool {
+    let Some(token) = &state.token else {
+        return true;
+    };
+    let given = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "));
+    given.is_some_and(|g| constant_time_eq(g.as_bytes(), token.as_bytes()))
 }
 
 fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
@@ -253,24 +268,6 @@ async fn status(
             &format!("database unavailable: {e:#}"),
         ),
     }
-}
-
-async fn ready(State(state): State<Arc<ApiState>>) -> Response {
-    let db = state.db.ping().await;
-    let broker = crate::broker::connect(&state.amqp, "mailroom readiness probe").await;
-    if let Ok(conn) = &broker {
-        let _ = conn.close(200, "probe".into()).await;
-    }
-    let body = json!({
-        "database": db.as_ref().map_or_else(|e| e.to_string(), |_| "ok".into()),
-        "broker": broker.as_ref().map_or_else(|e| format!("{e:#}"), |_| "ok".into()),
-    });
-    let code = if db.is_ok() && broker.is_ok() {
-        StatusCode::OK
-    } else {
-        StatusCode::SERVICE_UNAVAILABLE
-    };
-    (code, Json(body)).into_response()
 }
 
 /// Percent-encodes one path segment.

@@ -41,6 +41,7 @@ use crate::broker::{self, Topology};
 use crate::config::{OnUncertain, UrlList};
 use crate::db::Database;
 use crate::db::group::Ledger;
+use crate::dlq::seal::{ReplayKey, ReplayKeys};
 use crate::render::LiveTemplates;
 use crate::smtp::Mailer;
 
@@ -64,6 +65,8 @@ pub struct WorkerSettings {
     pub shutdown_grace: Duration,
     /// Connection name shown by `rabbitmqctl list_connections`.
     pub name: String,
+    /// `MAILROOM_REPLAY_KEY`; `None` reads (or creates) the key stored in the database.
+    pub replay_key: Option<ReplayKey>,
 }
 
 /// A worker: settings plus the database, templates and mailer it sends with.
@@ -76,6 +79,8 @@ pub struct Worker {
     mailer: Mailer,
     stats: Arc<Stats>,
     breaker: breaker::Breaker,
+    /// Checks the seal of replayed copies.
+    replay_keys: ReplayKeys,
 }
 
 impl Worker {
@@ -87,6 +92,7 @@ impl Worker {
     ) -> Worker {
         let stats = Arc::new(Stats::default());
         Worker {
+            replay_keys: ReplayKeys::new(settings.replay_key.clone(), db.clone()),
             settings,
             ledger: Ledger::direct(db.clone(), stats.ledger.clone()),
             db,

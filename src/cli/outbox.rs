@@ -136,6 +136,11 @@ impl HttpOptions {
             templates,
             token: self.api_token.clone(),
             relay_wake,
+            broker_probe: http::BrokerProbe::new(
+                broker.amqp_url.clone(),
+                format!("mailroom readiness probe (pid {})", std::process::id()),
+            ),
+            replay_key: broker.replay_key.clone(),
         }))
     }
 }

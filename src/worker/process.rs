@@ -134,8 +134,12 @@ impl Worker {
             token: Uuid::new_v4(),
             lease: self.settings.lease,
             resend_uncertain: self.settings.on_uncertain == OnUncertain::Resend,
-            replay: broker::int_header(&delivery.properties, broker::REPLAY_HEADER)
-                .is_some_and(|n| n > 0),
+            replay: match self.replay_keys.honour(delivery).await {
+                Ok(genuine) => genuine,
+                Err(e) => {
+                    return self.retry(Duration::ZERO, format!("database unavailable: {e:#}"));
+                }
+            },
         };
         let replay = request.replay;
         let asked = Instant::now();

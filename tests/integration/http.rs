@@ -56,6 +56,11 @@ impl Api {
             token: Some(TOKEN.into()),
             relay_wake: None,
             metrics,
+            broker_probe: http::BrokerProbe::new(
+                app.amqp_url.parse::<UrlList>().unwrap(),
+                "mailroom test readiness probe",
+            ),
+            replay_key: None,
         });
         let shutdown = CancellationToken::new();
         tokio::spawn(http::serve(listener, state, shutdown.clone()));

@@ -26,6 +26,7 @@ mod once;
 mod outbox;
 mod poison;
 mod proxy_faults;
+mod security;
 mod smtp_faults;
 mod soak;
 mod templates;
