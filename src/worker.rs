@@ -17,6 +17,7 @@
 
 mod breaker;
 mod process;
+mod refuse;
 mod settle;
 pub mod stats;
 
