@@ -18,6 +18,7 @@ use crate::broker::{self, Topology};
 use crate::config::{self, Delays, OnUncertain, SecretUrl, UrlList};
 use crate::db::Database;
 use crate::dlq::seal::ReplayKey;
+use crate::door::{self, Admitted};
 use crate::job::EmailJob;
 use crate::metrics::Metrics;
 use crate::render::{LiveTemplates, Templates};
@@ -295,11 +296,16 @@ pub struct JobArgs {
     /// Template locale, e.g. fr.
     #[arg(long)]
     pub locale: Option<String>,
+    /// Template directory: when given, a kind without a template is refused here instead of
+    /// being dead-lettered by the worker.
+    #[arg(long, env = "MAILROOM_TEMPLATES")]
+    pub templates: Option<PathBuf>,
 }
 
 impl JobArgs {
-    /// Builds and validates the job.
-    pub fn job(&self) -> anyhow::Result<EmailJob> {
+    /// Builds the job and lets it through the one validation ([`door::admit`]), against the
+    /// templates when `--templates` is given. The error names the field, on one line.
+    pub fn admitted(&self) -> anyhow::Result<Admitted> {
         let text = match self.data.strip_prefix('@') {
             Some(path) => {
                 std::fs::read_to_string(path).with_context(|| format!("reading {path}"))?
@@ -321,7 +327,14 @@ impl JobArgs {
             headers: Default::default(),
             created_at: Some(chrono::Utc::now()),
         };
-        Ok(job.validate()?.job)
+        let templates = match &self.templates {
+            Some(dir) => Some(
+                Templates::load(dir)
+                    .with_context(|| format!("loading templates from {}", dir.display()))?,
+            ),
+            None => None,
+        };
+        Ok(door::admit(job, templates.as_ref())?)
     }
 }
 
@@ -335,14 +348,15 @@ pub struct PublishArgs {
 
 impl PublishArgs {
     async fn run(&self) -> anyhow::Result<()> {
-        let job = self.job.job()?;
+        let admitted = self.job.admitted()?;
+        let job = admitted.job();
         let topology = self.broker.topology();
         let conn = broker::connect(&self.broker.amqp_url, "mailroom publish").await?;
         broker::declare_topology(&conn.create_channel().await?, &topology).await?;
         let ch = broker::confirm_channel(&conn).await?;
-        let body = serde_json::to_vec(&job)?;
         let props = broker::job_properties(&job.job_id, &job.kind, 1);
-        broker::publish_confirmed(&ch, &topology.exchange, &job.kind, &body, props).await?;
+        broker::publish_confirmed(&ch, &topology.exchange, &job.kind, &admitted.body, props)
+            .await?;
         let _ = conn.close(200, "published".into()).await;
         println!("{}", job.job_id);
         Ok(())

@@ -20,6 +20,7 @@ pub mod lease;
 #[cfg(test)]
 mod model;
 mod process;
+mod refuse;
 mod settle;
 pub mod stats;
 

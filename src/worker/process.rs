@@ -104,7 +104,7 @@ impl Worker {
     pub(super) async fn process(&self, delivery: &Delivery) -> Outcome {
         let job = match EmailJob::decode(&delivery.data) {
             Ok(job) => job,
-            Err(e) => return dead(ErrorClass::Invalid, e.to_string(), 0),
+            Err(e) => return self.refuse(&delivery.data, e.to_string()).await,
         };
         let span = tracing::Span::current();
         span.record("job_id", job.job.job_id.as_str());
@@ -116,7 +116,7 @@ impl Worker {
         let templates = self.templates.current();
         if !templates.contains(&job.job.kind) {
             let reason = format!("unknown kind {:?}: no such template", job.job.kind);
-            return dead(ErrorClass::Invalid, reason, 0);
+            return self.refuse(&delivery.data, reason).await;
         }
         failpoint::hit_job("worker.before_claim", &job.job.job_id).await;
         // The SMTP session comes first: a delivery may wait for one as long as the pool is

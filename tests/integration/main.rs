@@ -14,6 +14,7 @@ mod database_refused;
 mod delivery;
 mod disruptive;
 mod dlq;
+mod doors;
 mod failures;
 mod hostile;
 mod http;
