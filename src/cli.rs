@@ -17,6 +17,8 @@ mod templates;
 use crate::broker::{self, Topology};
 use crate::config::{self, Delays, OnUncertain, SecretUrl, UrlList};
 use crate::db::Database;
+use crate::dlq::seal::ReplayKey;
+use crate::door::{self, Admitted};
 use crate::job::EmailJob;
 use crate::metrics::Metrics;
 use crate::render::{LiveTemplates, Templates};
@@ -85,6 +87,11 @@ pub struct BrokerArgs {
     /// Retry tiers (queues whose TTL sends a job back), comma-separated, increasing.
     #[arg(long, env = "MAILROOM_RETRY_DELAYS", default_value = "5s,30s,2m,10m,1h", value_parser = config::parse_delays)]
     pub retry_delays: Delays,
+    /// Key that seals replayed dead letters, so workers honour only mailroom's own replays
+    /// (32+ characters; the same on every worker and replaying process). Default: a random key
+    /// kept in the database, created on first use.
+    #[arg(long, env = "MAILROOM_REPLAY_KEY", hide_env_values = true)]
+    pub replay_key: Option<ReplayKey>,
 }
 
 impl BrokerArgs {
@@ -101,6 +108,7 @@ pub struct WorkerArgs {
     pub broker: BrokerArgs,
     /// SMTP server: smtp://host:25 (plain, loopback only), smtp://user:pass@host:587?tls=required
     /// (STARTTLS), smtps://user:pass@host:465 (implicit TLS), or file:///dir to write .eml files.
+    /// A password goes only over smtps:// or tls=required (loopback excepted).
     #[arg(long, env = "SMTP_URL", hide_env_values = true)]
     pub smtp_url: SecretUrl,
     /// Sender mailbox, e.g. "Shop <noreply@shop.example>".
@@ -252,6 +260,7 @@ impl WorkerArgs {
             ledger_group: self.ledger_group.max(1),
             shutdown_grace: self.shutdown_grace,
             name: format!("mailroom worker (pid {})", std::process::id()),
+            replay_key: self.broker.replay_key.clone(),
         };
         Ok(Worker::new(settings, db, Arc::new(templates), mailer))
     }
@@ -287,11 +296,16 @@ pub struct JobArgs {
     /// Template locale, e.g. fr.
     #[arg(long)]
     pub locale: Option<String>,
+    /// Template directory: when given, a kind without a template is refused here instead of
+    /// being dead-lettered by the worker.
+    #[arg(long, env = "MAILROOM_TEMPLATES")]
+    pub templates: Option<PathBuf>,
 }
 
 impl JobArgs {
-    /// Builds and validates the job.
-    pub fn job(&self) -> anyhow::Result<EmailJob> {
+    /// Builds the job and lets it through the one validation ([`door::admit`]), against the
+    /// templates when `--templates` is given. The error names the field, on one line.
+    pub fn admitted(&self) -> anyhow::Result<Admitted> {
         let text = match self.data.strip_prefix('@') {
             Some(path) => {
                 std::fs::read_to_string(path).with_context(|| format!("reading {path}"))?
@@ -313,7 +327,14 @@ impl JobArgs {
             headers: Default::default(),
             created_at: Some(chrono::Utc::now()),
         };
-        Ok(job.validate()?.job)
+        let templates = match &self.templates {
+            Some(dir) => Some(
+                Templates::load(dir)
+                    .with_context(|| format!("loading templates from {}", dir.display()))?,
+            ),
+            None => None,
+        };
+        Ok(door::admit(job, templates.as_ref())?)
     }
 }
 
@@ -327,14 +348,15 @@ pub struct PublishArgs {
 
 impl PublishArgs {
     async fn run(&self) -> anyhow::Result<()> {
-        let job = self.job.job()?;
+        let admitted = self.job.admitted()?;
+        let job = admitted.job();
         let topology = self.broker.topology();
         let conn = broker::connect(&self.broker.amqp_url, "mailroom publish").await?;
         broker::declare_topology(&conn.create_channel().await?, &topology).await?;
         let ch = broker::confirm_channel(&conn).await?;
-        let body = serde_json::to_vec(&job)?;
         let props = broker::job_properties(&job.job_id, &job.kind, 1);
-        broker::publish_confirmed(&ch, &topology.exchange, &job.kind, &body, props).await?;
+        broker::publish_confirmed(&ch, &topology.exchange, &job.kind, &admitted.body, props)
+            .await?;
         let _ = conn.close(200, "published".into()).await;
         println!("{}", job.job_id);
         Ok(())

@@ -5,7 +5,7 @@
 //! | --- | --- |
 //! | `DATABASE_URL` | `postgres://…` |
 //! | `AMQP_URL` | `amqp://…` / `amqps://…`; a comma-separated list fails over between nodes |
-//! | `SMTP_URL` | `smtp://`, `smtps://`, `smtp://…?tls=required`, with credentials; `file:///dir` |
+//! | `SMTP_URL` | `smtp://`, `smtps://`, `smtp://…?tls=required`, with credentials (only over `smtps://` or `tls=required`, or on loopback); `file:///dir` |
 //! | `MAILROOM_NAMESPACE` | prefix of every exchange and queue name (`mailroom`) |
 //! | `MAILROOM_TEMPLATES` | template directory |
 //! | `MAILROOM_FROM` | sender mailbox |
@@ -15,9 +15,11 @@
 //! | `MAILROOM_CONCURRENCY`, `MAILROOM_PREFETCH`, `MAILROOM_SMTP_CONNECTIONS`, `MAILROOM_SHUTDOWN_GRACE` | see `mailroom worker --help` |
 //! | `MAILROOM_TEMPLATE_RELOAD_INTERVAL` | how often `worker`, `run` and `serve` check the template directory for edits |
 //! | `MAILROOM_METRICS_ADDR` | an own `/metrics` listener for `worker` or `relay` |
+//! | `MAILROOM_REPLAY_KEY` | seals replayed dead letters (default: a random key kept in the database) |
 //!
-//! URLs are held in [`SecretUrl`], whose `Display` and `Debug` never show a password, and
-//! `--help` never prints the values found in the environment.
+//! URLs are held in [`SecretUrl`], whose `Display` and `Debug` never show a password (neither
+//! the one before `@` nor one in the query string, `?password=`, `?sslpassword=`, `?token=`, …),
+//! and `--help` never prints the values found in the environment.
 
 use std::fmt;
 use std::str::FromStr;
@@ -25,8 +27,9 @@ use std::time::Duration;
 
 use url::Url;
 
-/// A URL that may carry credentials. Formatting masks the password; only [`SecretUrl::expose`]
-/// gives the full text, for the one call that connects.
+/// A URL that may carry credentials. Formatting masks the password and every secret query
+/// parameter ([`is_secret_key`]); only [`SecretUrl::expose`] gives the full text, for the one
+/// call that connects.
 #[derive(Clone, PartialEq, Eq)]
 pub struct SecretUrl(Url);
 
@@ -59,10 +62,44 @@ impl fmt::Display for SecretUrl {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let mut shown = self.0.clone();
         if shown.password().is_some() {
-            let _ = shown.set_password(Some("***"));
+            let _ = shown.set_password(Some(MASK));
+        }
+        if let Some(query) = shown.query() {
+            let masked = mask_query(query);
+            shown.set_query(Some(&masked));
         }
         f.write_str(shown.as_str())
     }
+}
+
+/// What a masked secret shows.
+const MASK: &str = "***";
+
+/// The raw query with the value of every secret parameter replaced by [`MASK`]; the other
+/// parameters keep their exact text (no re-encoding).
+fn mask_query(query: &str) -> String {
+    query
+        .split('&')
+        .map(|pair| match pair.split_once('=') {
+            Some((key, _)) if is_secret_key(key) => format!("{key}={MASK}"),
+            _ => pair.to_string(),
+        })
+        .collect::<Vec<_>>()
+        .join("&")
+}
+
+/// A query parameter that holds a credential: `pass`, `pwd`, `passwd`, or any key containing
+/// `password`, `secret`, `token` or `apikey`/`api_key` (case-insensitive, after decoding, so
+/// `sslpassword`, `client_secret`, `access_token` and `pass%77ord` are all masked).
+pub fn is_secret_key(raw_key: &str) -> bool {
+    // The key holds no `=` or `&` here, so it parses as one pair with an empty value.
+    let key: String = url::form_urlencoded::parse(raw_key.as_bytes())
+        .map(|(k, _)| k.to_ascii_lowercase())
+        .collect();
+    matches!(key.as_str(), "pass" | "pwd" | "passwd")
+        || ["password", "secret", "token", "apikey", "api_key"]
+            .iter()
+            .any(|word| key.contains(word))
 }
 
 impl fmt::Debug for SecretUrl {
@@ -148,6 +185,72 @@ mod tests {
         assert!(!url.to_string().contains("hunter2"));
         assert!(!format!("{url:?}").contains("hunter2"));
         assert!(url.expose().contains("hunter2"));
+    }
+
+    #[test]
+    fn secret_url_masks_passwords_in_the_query_string() {
+        let cases = [
+            "postgres://db/app?password=hunter2",
+            "postgres://db/app?sslmode=require&sslpassword=hunter2",
+            "mysql://db/app?PASSWORD=hunter2&ssl-mode=REQUIRED",
+            "amqps://broker/%2f?pass=hunter2",
+            "amqp://broker/%2f?token=hunter2",
+            "https://x/?client_secret=hunter2",
+            "https://x/?access_token=hunter2#frag",
+            "postgres://db/app?pass%77ord=hunter2",
+            "postgres://u:hunter2@db/app?password=hunter2&password=hunter2",
+        ];
+        for text in cases {
+            let url: SecretUrl = text.parse().unwrap();
+            let (shown, debug) = (url.to_string(), format!("{url:?}"));
+            assert!(!shown.contains("hunter2"), "{text} → {shown}");
+            assert!(!debug.contains("hunter2"), "{text} → {debug}");
+            assert!(shown.contains("=***"), "{text} → {shown}");
+            assert_eq!(url.expose(), text, "connecting uses the real URL");
+        }
+    }
+
+    #[test]
+    fn secret_url_leaves_other_query_parameters_as_written() {
+        let text = "postgres://u@db:5432/app?sslmode=verify-full&sslrootcert=%2Fetc%2Fca.pem&application_name=a+b";
+        let url: SecretUrl = text.parse().unwrap();
+        assert_eq!(url.to_string(), text);
+        let url: SecretUrl = "smtp://mail.example:587?tls=required&password=p%26w&x"
+            .parse()
+            .unwrap();
+        assert_eq!(
+            url.to_string(),
+            "smtp://mail.example:587?tls=required&password=***&x"
+        );
+    }
+
+    #[test]
+    fn secret_keys_are_recognised_whatever_their_case() {
+        for key in [
+            "password",
+            "sslpassword",
+            "pass",
+            "PWD",
+            "passwd",
+            "token",
+            "auth_token",
+            "secret",
+            "Client-Secret",
+            "apikey",
+            "api_key",
+        ] {
+            assert!(is_secret_key(key), "{key}");
+        }
+        for key in [
+            "sslmode",
+            "user",
+            "tls",
+            "passive",
+            "heartbeat",
+            "sslrootcert",
+        ] {
+            assert!(!is_secret_key(key), "{key}");
+        }
     }
 
     #[test]

@@ -11,12 +11,14 @@
 //! - [`DeadLetters::replay`]: republish the [`Selection`] through the main exchange with
 //!   confirms, then remove it (at-least-once: a crash in between duplicates, never loses). The
 //!   copy carries `x-mailroom-replay`, which lets the worker claim a `dead` or `uncertain` row
-//!   one more time; a `sent` row is never claimed again, so a replay never sends twice.
+//!   one more time; a `sent` row is never claimed again, so a replay never sends twice. The
+//!   worker honours it only with a valid [`seal`] (a copy from another publisher has none).
 //! - [`DeadLetters::dry_run`]: render the selection against today's templates, change nothing.
 //! - [`DeadLetters::purge`]: remove the selection for good.
 
 mod letter;
 mod pass;
+pub mod seal;
 mod sweep;
 
 use std::collections::BTreeMap;

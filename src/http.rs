@@ -1,41 +1,47 @@
 //! The HTTP API (axum): enqueue a job, read its status, the dead-letter queue, metrics, health
 //! and readiness.
 //!
-//! - `POST /v1/emails`: a job as JSON; the `Idempotency-Key` header, when present, becomes the
-//!   job_id. Validated like everywhere else, written to the outbox, `202 Accepted` with a
-//!   `Location` to poll. Posting the same key again is accepted and writes nothing.
+//! - `POST /v1/emails` ([`enqueue`]): a job as JSON; the `Idempotency-Key` header, when present,
+//!   becomes the job_id. Validated like at every door, written to the outbox, `202 Accepted`
+//!   with a `Location` to poll; refusals are `application/problem+json` naming the field.
+//!   The same key and job again is accepted and writes nothing; another body under it is 422.
+//!   The body limit is the job limit (413 beyond).
 //! - `GET /v1/emails/{job_id}/{kind}`: the job's state (see [`crate::status`]).
 //! - `/v1/dlq…`: the dead-letter queue ([`dlq`]): list, show, replay, purge.
 //! - `GET /metrics`: Prometheus text ([`crate::metrics`]).
-//! - `GET /healthz` (the process runs) and `GET /readyz` (database and broker reachable).
+//! - `GET /healthz` (the process runs) and `GET /readyz` (database and broker reachable, on a
+//!   kept connection; error details only with the token: [`ready`]).
 //!
 //! `/v1` requires `Authorization: Bearer <MAILROOM_API_TOKEN>`. Without a token the server
 //! refuses to listen on anything but a loopback address. `/metrics`, like the health checks,
 //! needs no token: it holds counts, template names and a revision, no job data.
 
 mod dlq;
+mod enqueue;
+pub mod ready;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 
 use axum::{
     Json, Router,
-    extract::{Path, Request, State},
+    extract::{DefaultBodyLimit, Path, Request, State},
     http::{HeaderMap, StatusCode, header},
     middleware::{self, Next},
     response::{IntoResponse, Response},
     routing::{get, post},
 };
-use serde_json::{Value, json};
+use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
 use crate::broker::Topology;
 use crate::config::UrlList;
 use crate::db::Database;
-use crate::db::outbox::{EnqueueError, Enqueued};
-use crate::job::{EmailJob, JobError};
+use crate::dlq::seal::ReplayKey;
+use crate::job::MAX_JOB_BYTES;
 use crate::metrics::Metrics;
 use crate::render::LiveTemplates;
+pub use ready::BrokerProbe;
 
 /// What the handlers share.
 pub struct ApiState {
@@ -51,6 +57,10 @@ pub struct ApiState {
     pub relay_wake: Option<Arc<tokio::sync::Notify>>,
     /// What `/metrics` reports.
     pub metrics: Metrics,
+    /// `/readyz`'s broker connection, kept between probes.
+    pub broker_probe: BrokerProbe,
+    /// `MAILROOM_REPLAY_KEY`, to seal replays; `None` uses the key kept in the database.
+    pub replay_key: Option<ReplayKey>,
 }
 
 /// Refuses a configuration that would expose an unauthenticated API beyond this machine.
@@ -66,7 +76,10 @@ pub fn check_exposure(addr: &SocketAddr, token: Option<&str>) -> anyhow::Result<
 /// The routes.
 pub fn router(state: Arc<ApiState>) -> Router {
     let api = Router::new()
-        .route("/v1/emails", post(enqueue))
+        .route(
+            "/v1/emails",
+            post(enqueue::enqueue).layer(DefaultBodyLimit::max(MAX_JOB_BYTES)),
+        )
         .route("/v1/emails/{job_id}/{kind}", get(status))
         .route("/v1/dlq", get(dlq::list))
         .route("/v1/dlq/replay", post(dlq::replay))
@@ -76,7 +89,7 @@ pub fn router(state: Arc<ApiState>) -> Router {
     Router::new()
         .route("/healthz", get(|| async { "ok" }))
         .route("/metrics", get(metrics))
-        .route("/readyz", get(ready))
+        .route("/readyz", get(ready::ready))
         .merge(api)
         .with_state(state)
 }
@@ -139,20 +152,27 @@ async fn require_token(
     request: Request,
     next: Next,
 ) -> Response {
-    if let Some(token) = &state.token {
-        let given = headers
-            .get(header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "));
-        if !given.is_some_and(|g| constant_time_eq(g.as_bytes(), token.as_bytes())) {
-            return error(
-                StatusCode::UNAUTHORIZED,
-                None,
-                "missing or wrong bearer token",
-            );
-        }
+    if !authorized(&state, &headers) {
+        return error(
+            StatusCode::UNAUTHORIZED,
+            None,
+            "missing or wrong bearer token",
+        );
     }
     next.run(request).await
+}
+
+/// Whether the request carries the API's bearer token (always, when the API has none: it then
+/// listens on loopback only).
+fn authorized(state: &ApiState, headers: &HeaderMap) -> bool {
+    let Some(token) = &state.token else {
+        return true;
+    };
+    let given = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "));
+    given.is_some_and(|g| constant_time_eq(g.as_bytes(), token.as_bytes()))
 }
 
 fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
@@ -161,81 +181,6 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 
 fn error(status: StatusCode, field: Option<&str>, message: &str) -> Response {
     (status, Json(json!({ "error": message, "field": field }))).into_response()
-}
-
-async fn enqueue(
-    State(state): State<Arc<ApiState>>,
-    headers: HeaderMap,
-    body: axum::body::Bytes,
-) -> Response {
-    let mut value: Value = match serde_json::from_slice(&body) {
-        Ok(v) => v,
-        Err(e) => {
-            return error(
-                StatusCode::BAD_REQUEST,
-                None,
-                &format!("body is not JSON: {e}"),
-            );
-        }
-    };
-    if let Some(key) = headers.get("idempotency-key") {
-        let Ok(key) = key.to_str() else {
-            return error(
-                StatusCode::BAD_REQUEST,
-                Some("Idempotency-Key"),
-                "not visible ASCII",
-            );
-        };
-        if let Some(obj) = value.as_object_mut() {
-            obj.insert("job_id".into(), Value::String(key.to_string()));
-        }
-    }
-    let job = match EmailJob::from_value(value) {
-        Ok(valid) => valid.job,
-        Err(e) => return job_error(&e),
-    };
-    if let Some(templates) = &state.templates
-        && !templates.current().contains(&job.kind)
-    {
-        return error(
-            StatusCode::BAD_REQUEST,
-            Some("kind"),
-            &format!("no template for kind {:?}", job.kind),
-        );
-    }
-    let done = match state.db.enqueue(&job).await {
-        Ok(done) => done,
-        Err(EnqueueError::Invalid(e)) => return job_error(&e),
-        Err(EnqueueError::Database(e)) => {
-            return error(
-                StatusCode::SERVICE_UNAVAILABLE,
-                None,
-                &format!("database unavailable: {e}"),
-            );
-        }
-    };
-    if let (Enqueued::New(_), Some(wake)) = (done, &state.relay_wake) {
-        wake.notify_one();
-    }
-    let location = format!("/v1/emails/{}/{}", encode(&job.job_id), encode(&job.kind));
-    let body = json!({
-        "job_id": job.job_id, "kind": job.kind,
-        "duplicate": done == Enqueued::AlreadyQueued, "status_url": location,
-    });
-    (
-        StatusCode::ACCEPTED,
-        [(header::LOCATION, location)],
-        Json(body),
-    )
-        .into_response()
-}
-
-fn job_error(e: &JobError) -> Response {
-    let field = match e {
-        JobError::Invalid { field, .. } => Some(field.as_str()),
-        _ => None,
-    };
-    error(StatusCode::BAD_REQUEST, field, &e.to_string())
 }
 
 async fn status(
@@ -253,24 +198,6 @@ async fn status(
             &format!("database unavailable: {e:#}"),
         ),
     }
-}
-
-async fn ready(State(state): State<Arc<ApiState>>) -> Response {
-    let db = state.db.ping().await;
-    let broker = crate::broker::connect(&state.amqp, "mailroom readiness probe").await;
-    if let Ok(conn) = &broker {
-        let _ = conn.close(200, "probe".into()).await;
-    }
-    let body = json!({
-        "database": db.as_ref().map_or_else(|e| e.to_string(), |_| "ok".into()),
-        "broker": broker.as_ref().map_or_else(|e| format!("{e:#}"), |_| "ok".into()),
-    });
-    let code = if db.is_ok() && broker.is_ok() {
-        StatusCode::OK
-    } else {
-        StatusCode::SERVICE_UNAVAILABLE
-    };
-    (code, Json(body)).into_response()
 }
 
 /// Percent-encodes one path segment.

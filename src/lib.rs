@@ -3,6 +3,7 @@
 //!
 //! The modules follow one message:
 //! - [`job`]: the job a producer writes, and its validation;
+//! - [`door`]: the one validation every door applies, on the bytes the worker will read;
 //! - [`broker`]: RabbitMQ topology, connections and confirmed publishing;
 //! - [`relay`]: outbox → broker with confirms, woken by LISTEN/NOTIFY;
 //! - [`worker`]: consume → claim → render → send → record → ack;
@@ -19,6 +20,7 @@ pub mod cli;
 pub mod config;
 pub mod db;
 pub mod dlq;
+pub mod door;
 pub mod failpoint;
 pub mod http;
 pub mod job;

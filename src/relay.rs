@@ -14,6 +14,17 @@
 //! On both engines an enqueue made in the same process (the HTTP API of `mailroom run`) wakes
 //! the relay at once through [`Relay::waker`].
 //!
+//! Validation: every row passes the one validation ([`crate::door`]) before it is published,
+//! and what goes out is the job's canonical serialisation, the very bytes that were checked
+//! (never the database's spelling of the payload). A row that fails (a producer that wrote raw
+//! SQL) is not published as a job: it is dead-lettered with class `invalid` and recorded
+//! `dead` in the ledger (unless a row exists), in the batch's transaction, so nothing is lost
+//! and `status` tells the truth. The relay has no templates: the kind is the worker's check.
+//!
+//! Batches are bounded by rows (`batch_size`) and by bytes (`batch_bytes`): a batch is cut
+//! where its bodies would pass the byte bound (one row always goes), and the next scan takes
+//! the rest at once.
+//!
 //! Resource alarms: RabbitMQ blocks a publishing connection while it is low on memory or disk,
 //! and lapin then writes nothing on it. The confirm timeout covers writing the batch too, so a
 //! blocked batch is rolled back within it (its rows stay unpublished, its locks released); the
@@ -37,6 +48,12 @@ use crate::db::Database;
 use crate::db::outbox::{self, OutboxBatch, PendingRow};
 use crate::failpoint;
 
+mod batch;
+
+/// Default bound on the bytes of one batch: 64 jobs at the 64 KiB job limit, all written and
+/// confirmed within the confirm timeout even on a slow link.
+pub const DEFAULT_BATCH_BYTES: usize = 4 * 1024 * 1024;
+
 /// Refused publishes (unroutable, nacked) before a row is parked for an operator.
 pub const MAX_PUBLISH_ATTEMPTS: i32 = 10;
 /// Longest wait before retrying a refused row.
@@ -54,6 +71,8 @@ pub struct RelaySettings {
     pub topology: Topology,
     /// Rows per claim, publish and mark.
     pub batch_size: i64,
+    /// Bytes of message bodies per batch at most (one row always goes).
+    pub batch_bytes: usize,
     /// PostgreSQL: the longest wait between probes of an idle outbox (notifications wake it).
     pub poll_interval: Duration,
     /// The wait between probes while rows keep coming, doubling while none do.
@@ -79,6 +98,10 @@ pub struct RelayStats {
     pub deleted: AtomicU64,
     /// Batches rolled back because the broker blocked publishing (a resource alarm).
     pub blocked: AtomicU64,
+    /// Rows that failed validation, dead-lettered and recorded `dead` instead of published.
+    pub invalid: AtomicU64,
+    /// Batches cut short by the byte bound.
+    pub cut: AtomicU64,
 }
 
 /// The wait between probes of the outbox: `min` after a busy scan, doubling while idle, up to
@@ -202,8 +225,8 @@ impl Relay {
         'relay: loop {
             let mut claimed = 0;
             loop {
-                let n = match self.relay_batch(&channel).await {
-                    Ok(n) => n,
+                let (n, cut) = match self.relay_batch(&channel).await {
+                    Ok(done) => done,
                     Err(e) if conn.status().blocked() => {
                         self.stats.blocked.fetch_add(1, Ordering::Relaxed);
                         tracing::warn!(
@@ -218,7 +241,7 @@ impl Relay {
                     Err(e) => return Err(e),
                 };
                 claimed += n;
-                if n < s.batch_size as usize || shutdown.is_cancelled() {
+                if (n < s.batch_size as usize && !cut) || shutdown.is_cancelled() {
                     break;
                 }
             }
@@ -259,25 +282,36 @@ impl Relay {
         Ok(())
     }
 
-    /// Claims, publishes and marks one batch; returns how many rows it claimed.
-    async fn relay_batch(&self, channel: &Channel) -> anyhow::Result<usize> {
+    /// Claims, publishes and marks one batch; returns how many rows it claimed and whether the
+    /// byte bound cut it (the rows after the cut are claimed again at once).
+    async fn relay_batch(&self, channel: &Channel) -> anyhow::Result<(usize, bool)> {
         self.stats.scans.fetch_add(1, Ordering::Relaxed);
         let mut batch = self.db.claim_outbox_batch(self.settings.batch_size).await?;
         if batch.rows.is_empty() {
             batch.commit().await?;
-            return Ok(0);
+            return Ok((0, false));
         }
         let rows = std::mem::take(&mut batch.rows);
-        let confirms = self.publish_all(channel, &rows).await?;
+        let plan = batch::plan(&rows, &self.settings.topology, self.settings.batch_bytes);
+        if plan.cut {
+            self.stats.cut.fetch_add(1, Ordering::Relaxed);
+        }
+        let confirms = self.publish_all(channel, &plan.outgoing).await?;
         failpoint::hit("relay.after_confirm").await;
         let mut published = Vec::with_capacity(rows.len());
-        for (row, confirm) in rows.iter().zip(confirms) {
+        for (out, confirm) in plan.outgoing.iter().zip(confirms) {
+            let row = out.row;
             match confirm {
-                Confirmation::Ack(None) => published.push(row.id),
+                Confirmation::Ack(None) => {
+                    if let Some(reason) = &out.refused {
+                        self.dead_lettered(&mut batch, row, reason).await?;
+                    }
+                    published.push(row.id);
+                }
                 Confirmation::Ack(Some(_)) => {
                     let why = format!(
                         "unroutable: no queue bound for kind {:?} on exchange {:?}",
-                        row.kind, self.settings.topology.exchange
+                        row.kind, out.exchange
                     );
                     self.refuse(&mut batch, row, &why).await?;
                 }
@@ -295,17 +329,30 @@ impl Relay {
         self.stats
             .published
             .fetch_add(published.len() as u64, Ordering::Relaxed);
-        Ok(rows.len())
+        Ok((rows.len(), plan.cut))
     }
 
-    /// Publishes every row, pipelined, and waits for all confirms, within one timeout. A channel
-    /// error or a timeout fails the whole batch: nothing is marked, everything is retried.
+    /// A refused row's dead letter was confirmed: record it `dead` in the ledger.
+    async fn dead_lettered(
+        &self,
+        batch: &mut OutboxBatch,
+        row: &PendingRow,
+        reason: &str,
+    ) -> anyhow::Result<()> {
+        batch.record_refused(row, reason).await?;
+        self.stats.invalid.fetch_add(1, Ordering::Relaxed);
+        tracing::error!(job_id = %row.job_id, kind = %row.kind, reason = crate::job::mask_addresses(reason), "outbox row failed validation; dead-lettered as invalid");
+        Ok(())
+    }
+
+    /// Publishes every message, pipelined, and waits for all confirms, within one timeout. A
+    /// channel error or a timeout fails the whole batch: nothing is marked, everything is
+    /// retried.
     async fn publish_all(
         &self,
         channel: &Channel,
-        rows: &[PendingRow],
+        outgoing: &[batch::Outgoing<'_>],
     ) -> anyhow::Result<Vec<Confirmation>> {
-        let exchange = &self.settings.topology.exchange;
         let options = BasicPublishOptions {
             mandatory: true,
             ..Default::default()
@@ -313,16 +360,15 @@ impl Relay {
         // lapin resolves `basic_publish` once the message is written, which never happens on a
         // connection the broker blocks: the timeout covers the writes as well as the confirms.
         let publish = async {
-            let mut pending = Vec::with_capacity(rows.len());
-            for row in rows {
-                let props = broker::job_properties(&row.job_id, &row.kind, 1);
+            let mut pending = Vec::with_capacity(outgoing.len());
+            for out in outgoing {
                 let confirm = channel
                     .basic_publish(
-                        exchange.as_str().into(),
-                        row.kind.as_str().into(),
+                        out.exchange.into(),
+                        out.row.kind.as_str().into(),
                         options,
-                        row.payload.as_bytes(),
-                        props,
+                        &out.body,
+                        out.properties.clone(),
                     )
                     .await?;
                 pending.push(confirm);
@@ -334,7 +380,7 @@ impl Relay {
             .map_err(|_| {
                 anyhow::anyhow!(
                     "{} messages not written and confirmed within {:?}",
-                    rows.len(),
+                    outgoing.len(),
                     broker::CONFIRM_TIMEOUT
                 )
             })??;

@@ -62,7 +62,11 @@ pub async fn job_status(
             state: state.to_string(),
             attempts: ledger.as_ref().map_or(0, |n| n.attempts),
             publish_attempts: queued.as_ref().map_or(0, |q| q.publish_attempts),
-            message_id: ledger.as_ref().map(|n| n.message_id.clone()),
+            // A job refused past the doors never had a message (its row's Message-ID is empty).
+            message_id: ledger
+                .as_ref()
+                .map(|n| n.message_id.clone())
+                .filter(|m| !m.is_empty()),
             smtp_reply: ledger.as_ref().and_then(|n| n.smtp_reply.clone()),
             last_error: ledger
                 .as_ref()

@@ -17,7 +17,10 @@
 
 mod breaker;
 pub mod lease;
+#[cfg(test)]
+mod model;
 mod process;
+mod refuse;
 mod settle;
 pub mod stats;
 
@@ -39,6 +42,7 @@ use crate::broker::{self, Topology};
 use crate::config::{OnUncertain, UrlList};
 use crate::db::Database;
 use crate::db::group::Ledger;
+use crate::dlq::seal::{ReplayKey, ReplayKeys};
 use crate::render::LiveTemplates;
 use crate::smtp::Mailer;
 
@@ -62,6 +66,8 @@ pub struct WorkerSettings {
     pub shutdown_grace: Duration,
     /// Connection name shown by `rabbitmqctl list_connections`.
     pub name: String,
+    /// `MAILROOM_REPLAY_KEY`; `None` reads (or creates) the key stored in the database.
+    pub replay_key: Option<ReplayKey>,
 }
 
 /// A worker: settings plus the database, templates and mailer it sends with.
@@ -74,6 +80,8 @@ pub struct Worker {
     mailer: Mailer,
     stats: Arc<Stats>,
     breaker: breaker::Breaker,
+    /// Checks the seal of replayed copies.
+    replay_keys: ReplayKeys,
 }
 
 impl Worker {
@@ -85,6 +93,7 @@ impl Worker {
     ) -> Worker {
         let stats = Arc::new(Stats::default());
         Worker {
+            replay_keys: ReplayKeys::new(settings.replay_key.clone(), db.clone()),
             settings,
             ledger: Ledger::direct(db.clone(), stats.ledger.clone()),
             db,

@@ -13,6 +13,7 @@ use super::dlq_print as print;
 use super::{BrokerArgs, DatabaseArgs};
 use crate::config::{self, SecretUrl};
 use crate::db::Database;
+use crate::dlq::seal::{self, ReplayKey};
 use crate::dlq::{DeadLetters, Filter, Progress, Report, Selection};
 use crate::render::Templates;
 
@@ -95,7 +96,9 @@ pub struct ReplayArgs {
     /// Template directory, for --dry-run.
     #[arg(long, env = "MAILROOM_TEMPLATES", default_value = "./templates")]
     pub templates: PathBuf,
-    /// Database, for --dry-run (optional): marks the jobs already sent, which a replay skips.
+    /// Database: where the workers' replay key is kept (needed to replay unless
+    /// MAILROOM_REPLAY_KEY is set); with --dry-run (optional) it marks the jobs already sent,
+    /// which a replay skips.
     #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
     pub database_url: Option<SecretUrl>,
     #[arg(long)]
@@ -150,17 +153,18 @@ impl DlqArgs {
             DlqCommand::Replay(a) => &a.broker,
             DlqCommand::Purge(a) => &a.broker,
         };
+        // A replay without its key fails before it touches the broker.
+        let key = match &self.command {
+            DlqCommand::Replay(a) if !a.dry_run => Some(replay_key(a).await?),
+            _ => None,
+        };
         let dlq = DeadLetters::connect(&broker.amqp_url, broker.topology(), "mailroom dlq").await?;
-        let result = match &self.command {
-            DlqCommand::List(a) => list(&dlq, a).await,
-            DlqCommand::Show(a) => show(&dlq, a).await,
-            DlqCommand::Replay(a) if a.dry_run => dry_run(&dlq, a).await,
-            DlqCommand::Replay(a) => {
-                let sel = selection(&a.ids, &a.kind, &a.class);
-                let report = dlq.replay(&sel, &mut progress("replaying")).await;
-                finish(&dlq, &sel, report, a.json)
-            }
-            DlqCommand::Purge(a) => purge(&dlq, a).await,
+        let result = match (&self.command, key) {
+            (DlqCommand::List(a), _) => list(&dlq, a).await,
+            (DlqCommand::Show(a), _) => show(&dlq, a).await,
+            (DlqCommand::Replay(a), Some(key)) => replay(&dlq, a, &key).await,
+            (DlqCommand::Replay(a), None) => dry_run(&dlq, a).await,
+            (DlqCommand::Purge(a), _) => purge(&dlq, a).await,
         };
         dlq.close().await;
         result
@@ -200,6 +204,28 @@ async fn show(dlq: &DeadLetters, a: &ShowArgs) -> anyhow::Result<()> {
     } else {
         print::details(&details)
     }
+}
+
+async fn replay(dlq: &DeadLetters, a: &ReplayArgs, key: &ReplayKey) -> anyhow::Result<()> {
+    let sel = selection(&a.ids, &a.kind, &a.class);
+    let report = dlq.replay(&sel, key, &mut progress("replaying")).await;
+    finish(dlq, &sel, report, a.json)
+}
+
+/// MAILROOM_REPLAY_KEY, else the key the workers read from the database.
+async fn replay_key(a: &ReplayArgs) -> anyhow::Result<ReplayKey> {
+    if let Some(key) = &a.broker.replay_key {
+        return Ok(key.clone());
+    }
+    let Some(url) = &a.database_url else {
+        anyhow::bail!(
+            "replaying needs DATABASE_URL (where the workers' replay key is kept) or MAILROOM_REPLAY_KEY"
+        );
+    };
+    let db = Database::connect_lazy(url, 1)?;
+    let key = seal::resolve(None, &db).await;
+    db.close().await;
+    key
 }
 
 async fn dry_run(dlq: &DeadLetters, a: &ReplayArgs) -> anyhow::Result<()> {

@@ -24,6 +24,9 @@ pub struct RelayOptions {
     /// Outbox rows claimed, published and marked per batch.
     #[arg(long, env = "MAILROOM_RELAY_BATCH", default_value_t = 500)]
     pub relay_batch: i64,
+    /// Bytes of message bodies per batch at most (a batch is cut there; one row always goes).
+    #[arg(long, env = "MAILROOM_RELAY_BATCH_BYTES", default_value_t = crate::relay::DEFAULT_BATCH_BYTES)]
+    pub relay_batch_bytes: usize,
     /// PostgreSQL: the longest wait between probes of an idle outbox (covers notifications lost
     /// while the listener reconnects); LISTEN/NOTIFY wakes an idle relay at once.
     #[arg(long, env = "MAILROOM_RELAY_POLL", default_value = "5s", value_parser = config::parse_duration)]
@@ -49,6 +52,7 @@ impl RelayOptions {
             amqp: broker.amqp_url.clone(),
             topology: broker.topology(),
             batch_size: self.relay_batch.max(1),
+            batch_bytes: self.relay_batch_bytes.max(1),
             poll_interval: self.relay_poll,
             poll_min: self.relay_poll_min,
             poll_max: self.relay_poll_max,
@@ -136,6 +140,11 @@ impl HttpOptions {
             templates,
             token: self.api_token.clone(),
             relay_wake,
+            broker_probe: http::BrokerProbe::new(
+                broker.amqp_url.clone(),
+                format!("mailroom readiness probe (pid {})", std::process::id()),
+            ),
+            replay_key: broker.replay_key.clone(),
         }))
     }
 }
@@ -148,7 +157,7 @@ pub struct ServeArgs {
     pub broker: BrokerArgs,
     #[command(flatten)]
     pub http: HttpOptions,
-    /// Template directory; when given, jobs of a kind without a template are refused with 400
+    /// Template directory; when given, jobs of a kind without a template are refused with 422
     /// and `/v1/dlq/replay` can dry-run. Followed live, like the worker's.
     #[arg(long, env = "MAILROOM_TEMPLATES")]
     pub templates: Option<PathBuf>,
@@ -237,9 +246,10 @@ pub struct EnqueueArgs {
 
 impl EnqueueArgs {
     pub async fn run(&self) -> anyhow::Result<()> {
-        let job = self.job.job()?;
+        let admitted = self.job.admitted()?;
+        let job = admitted.job();
         let db = Database::connect_lazy(&self.db.database_url, 1)?;
-        let done = db.enqueue(&job).await?;
+        let done = db.enqueue_admitted(&admitted).await?;
         match done {
             Enqueued::New(id) => println!("{} queued (outbox id {id})", job.job_id),
             Enqueued::AlreadyQueued => {

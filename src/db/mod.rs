@@ -5,13 +5,17 @@
 //!
 //! - `notifications`: the claim ledger (`sent_notifications`) and its state machine.
 //! - `outbox`: the transactional outbox (`mailroom_outbox`): enqueue, and the relay's batches.
+//! - `refused`: `dead`/`invalid` rows for jobs refused past the doors, and stored payloads.
 //! - `postgres`, `mysql`: the statements of each engine.
+//! - `secrets`: values mailroom's processes share (the replay key).
 
 pub mod group;
 mod mysql;
 pub mod notifications;
 pub mod outbox;
 mod postgres;
+mod refused;
+mod secrets;
 
 use std::time::Duration;
 

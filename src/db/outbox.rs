@@ -12,8 +12,10 @@ use std::time::Duration;
 
 use sqlx::{MySql, MySqlConnection, PgConnection, Postgres, Transaction};
 
-use super::{Database, mysql, postgres};
+use super::{Database, mysql, postgres, refused};
+use crate::door::{self, Admitted};
 use crate::job::{EmailJob, JobError};
+use crate::render::Templates;
 
 /// The channel the PostgreSQL outbox trigger notifies.
 pub const NOTIFY_CHANNEL: &str = "mailroom_outbox";
@@ -97,17 +99,35 @@ where
 /// tx.commit().await?;
 /// # Ok(()) }
 /// ```
+///
+/// The validation is [`door::admit`] without templates: the size on the bytes the worker will
+/// read, ids, addresses, headers. A job without `created_at` gets the current time.
 pub async fn enqueue<C: OutboxWriter + ?Sized>(
     conn: &mut C,
     job: &EmailJob,
 ) -> Result<Enqueued, EnqueueError> {
-    let job = job.clone().validate()?.job;
-    let mut payload = serde_json::to_value(&job).map_err(|e| JobError::Malformed(e.to_string()))?;
-    if job.created_at.is_none() {
-        payload["created_at"] = serde_json::json!(chrono::Utc::now());
-    }
+    let admitted = admit_for_outbox(job, None)?;
+    Ok(insert_admitted(conn, &admitted).await?)
+}
+
+/// The outbox door: fills in `created_at` (it counts toward the size), then [`door::admit`].
+pub fn admit_for_outbox(
+    job: &EmailJob,
+    templates: Option<&Templates>,
+) -> Result<Admitted, JobError> {
+    let mut job = job.clone();
+    job.created_at.get_or_insert_with(chrono::Utc::now);
+    door::admit(job, templates)
+}
+
+/// Inserts a job a door admitted: its canonical body, exactly what the relay will publish.
+pub async fn insert_admitted<C: OutboxWriter + ?Sized>(
+    conn: &mut C,
+    admitted: &Admitted,
+) -> Result<Enqueued, sqlx::Error> {
+    let job = admitted.job();
     let id = conn
-        .insert_outbox_row(&job.job_id, &job.kind, payload.to_string())
+        .insert_outbox_row(&job.job_id, &job.kind, admitted.body_text())
         .await?;
     Ok(id.map_or(Enqueued::AlreadyQueued, Enqueued::New))
 }
@@ -162,6 +182,22 @@ impl OutboxBatch {
         }
     }
 
+    /// Records a row the relay refused as `dead` (class `invalid`) unless the ledger has a row
+    /// for it, in the batch's transaction: it commits with the row's mark, after the dead
+    /// letter was confirmed.
+    pub async fn record_refused(
+        &mut self,
+        row: &PendingRow,
+        reason: &str,
+    ) -> Result<bool, sqlx::Error> {
+        match &mut self.tx {
+            BatchTx::Postgres(tx) => {
+                refused::pg_insert_dead(tx, &row.job_id, &row.kind, reason).await
+            }
+            BatchTx::MySql(tx) => refused::my_insert_dead(tx, &row.job_id, &row.kind, reason).await,
+        }
+    }
+
     /// Commits the marks and releases the row locks.
     pub async fn commit(self) -> Result<(), sqlx::Error> {
         match self.tx {
@@ -210,6 +246,16 @@ impl Database {
         match self {
             Database::Postgres(pool) => enqueue(&mut *pool.acquire().await?, job).await,
             Database::MySql(pool) => enqueue(&mut *pool.acquire().await?, job).await,
+        }
+    }
+
+    /// Inserts a job a door admitted, in a transaction of its own.
+    pub async fn enqueue_admitted(&self, admitted: &Admitted) -> Result<Enqueued, sqlx::Error> {
+        match self {
+            Database::Postgres(pool) => {
+                insert_admitted(&mut *pool.acquire().await?, admitted).await
+            }
+            Database::MySql(pool) => insert_admitted(&mut *pool.acquire().await?, admitted).await,
         }
     }
 

@@ -9,6 +9,7 @@ use anyhow::Context;
 use lapin::{Channel, message::Delivery};
 use serde::Serialize;
 
+use super::seal::{self, ReplayKey};
 use super::{DeadLetters, Entry, Selection, letter, pass::Pass};
 use crate::broker;
 use crate::db::Database;
@@ -58,20 +59,23 @@ pub struct Preview {
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
-enum Action {
-    Replay,
+enum Action<'k> {
+    /// Each copy sealed with this key ([`seal`]).
+    Replay(&'k ReplayKey),
     Purge,
 }
 
 impl DeadLetters {
     /// Republishes the selected dead letters through the main exchange (routing key = kind) with
-    /// confirms, each removed from the dead-letter queue only after its confirm.
+    /// confirms, each removed from the dead-letter queue only after its confirm. Each copy is
+    /// sealed with `key` (see [`seal::resolve`]), or workers take it for an ordinary copy.
     pub async fn replay(
         &self,
         selection: &Selection,
+        key: &ReplayKey,
         progress: &mut (dyn FnMut(Progress) + Send),
     ) -> anyhow::Result<Report> {
-        self.sweep(selection, Action::Replay, progress).await
+        self.sweep(selection, Action::Replay(key), progress).await
     }
 
     /// Removes the selected dead letters for good.
@@ -124,12 +128,12 @@ impl DeadLetters {
     async fn sweep(
         &self,
         selection: &Selection,
-        action: Action,
+        action: Action<'_>,
         progress: &mut (dyn FnMut(Progress) + Send),
     ) -> anyhow::Result<Report> {
         let mut pass = Pass::open(&self.conn, &self.topology.dead).await?;
         let mut publisher = match action {
-            Action::Replay => Some(broker::confirm_channel(&self.conn).await?),
+            Action::Replay(_) => Some(broker::confirm_channel(&self.conn).await?),
             Action::Purge => None,
         };
         let total = pass.total();
@@ -140,8 +144,9 @@ impl DeadLetters {
                 let entry = letter::entry(report.examined, &d);
                 if !selection.matches(&entry) {
                     report.skip("not selected");
-                } else if let Some(publisher) = publisher.as_mut() {
-                    self.move_one(publisher, &pass, &d, &entry, &mut report)
+                } else if let (Some(publisher), Action::Replay(key)) = (publisher.as_mut(), action)
+                {
+                    self.move_one(publisher, key, &pass, &d, &entry, &mut report)
                         .await?;
                 } else {
                     pass.remove(&d)
@@ -171,12 +176,13 @@ impl DeadLetters {
     async fn move_one(
         &self,
         publisher: &mut Channel,
+        key: &ReplayKey,
         pass: &Pass,
         d: &Delivery,
         e: &Entry,
         report: &mut Report,
     ) -> anyhow::Result<()> {
-        let props = letter::replay_properties(&d.properties);
+        let props = seal::sealed(letter::replay_properties(&d.properties), &d.data, key);
         let exchange = &self.topology.exchange;
         if let Err(err) =
             broker::publish_confirmed(publisher, exchange, &e.kind, &d.data, props).await

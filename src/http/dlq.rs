@@ -24,7 +24,7 @@ use serde::Deserialize;
 use serde_json::json;
 
 use super::{ApiState, error};
-use crate::dlq::{DeadLetters, Filter, Report, Selection, summarize};
+use crate::dlq::{DeadLetters, Filter, Report, Selection, seal, summarize};
 
 /// Query parameters of the listing, as the CLI's filters.
 #[derive(Debug, Default, Deserialize)]
@@ -170,7 +170,10 @@ pub(super) async fn replay(State(state): State<Arc<ApiState>>, body: Bytes) -> R
             Ok(previews) => Json(previews).into_response(),
             Err(e) => unavailable(&e),
         },
-        _ => finish(&selection, dlq.replay(&selection, &mut |_| {}).await),
+        _ => match seal::resolve(state.replay_key.as_ref(), &state.db).await {
+            Ok(key) => finish(&selection, dlq.replay(&selection, &key, &mut |_| {}).await),
+            Err(e) => unavailable(&e),
+        },
     };
     dlq.close().await;
     response

@@ -6,6 +6,11 @@
 //! - `smtp://host[:587]?tls=opportunistic`: STARTTLS when offered;
 //! - `smtps://host[:465]`: implicit TLS;
 //! - `user:password@` (percent-encoded) authenticates; a path `/name` is the EHLO name.
+//!
+//! Credentials travel only over TLS that cannot be stripped: `smtps://` or `tls=required`. With
+//! plaintext or opportunistic STARTTLS (which a man in the middle removes by hiding the
+//! STARTTLS capability) the URL is refused, unless the host is a loopback address
+//! (`127.0.0.0/8`, `::1`, `localhost`), where nothing is on the wire.
 
 use lettre::transport::smtp::authentication::Credentials;
 use lettre::transport::smtp::client::TlsParameters;
@@ -85,6 +90,9 @@ impl Endpoint {
         } else {
             ClientId::Domain(path.to_string())
         };
+        if url.password().is_some() {
+            check_auth_is_encrypted(&host, &tls)?;
+        }
         let credentials = match url.password() {
             Some(password) => Some(Credentials::new(
                 percent_decode(url.username()).ok_or("user name is not valid UTF-8")?,
@@ -100,6 +108,30 @@ impl Endpoint {
             credentials,
         })
     }
+}
+
+/// Refuses credentials over a connection an eavesdropper could read or downgrade.
+fn check_auth_is_encrypted(host: &str, tls: &TlsMode) -> Result<(), String> {
+    let why = match tls {
+        TlsMode::Required(_) | TlsMode::Implicit(_) => return Ok(()),
+        _ if is_loopback(host) => return Ok(()),
+        TlsMode::None => "in clear text",
+        TlsMode::Opportunistic(_) => {
+            "in clear text whenever STARTTLS is stripped (tls=opportunistic)"
+        }
+    };
+    Err(format!(
+        "refusing to send the password to {host} {why}; use smtps:// or ?tls=required"
+    ))
+}
+
+/// `localhost`, `127.0.0.0/8` or `::1` (a URL host keeps IPv6 in brackets).
+fn is_loopback(host: &str) -> bool {
+    let bare = host.trim_start_matches('[').trim_end_matches(']');
+    bare.eq_ignore_ascii_case("localhost")
+        || bare
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
 }
 
 /// `%XX` escapes of URL userinfo to bytes, as UTF-8.
@@ -186,6 +218,47 @@ mod tests {
                 .credentials
                 .is_none()
         );
+    }
+
+    #[test]
+    fn a_password_is_refused_without_tls_that_cannot_be_stripped() {
+        for url in [
+            "smtp://ada:pw@mail.example",
+            "smtp://ada:pw@mail.example:587?tls=none",
+            "smtp://ada:pw@mail.example:587?tls=opportunistic",
+            "smtp://ada:pw@10.0.0.7:25",
+            "smtp://ada:pw@[2001:db8::1]:25",
+            "smtp://ada:pw@localhost.evil.example",
+        ] {
+            let err = parse(url).unwrap_err();
+            assert!(
+                err.contains("refusing to send the password"),
+                "{url}: {err}"
+            );
+            assert!(!err.contains("pw@"), "{url}: {err}");
+        }
+        assert!(
+            parse("smtp://ada:pw@mail.example?tls=opportunistic")
+                .unwrap_err()
+                .contains("tls=opportunistic")
+        );
+    }
+
+    #[test]
+    fn a_password_is_accepted_over_tls_or_on_loopback() {
+        for url in [
+            "smtp://ada:pw@mail.example:587?tls=required",
+            "smtps://ada:pw@mail.example",
+            "smtp://ada:pw@127.0.0.1:2525",
+            "smtp://ada:pw@127.8.9.10:2525?tls=opportunistic",
+            "smtp://ada:pw@[::1]:2525",
+            "smtp://ada:pw@LOCALHOST:2525",
+        ] {
+            assert!(parse(url).unwrap().credentials.is_some(), "{url}");
+        }
+        // Without a password nothing is sent, so plaintext stays allowed anywhere.
+        assert!(parse("smtp://ada@mail.example").is_ok());
+        assert!(parse("smtp://mail.example").is_ok());
     }
 
     #[test]

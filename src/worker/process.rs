@@ -27,6 +27,9 @@ use crate::smtp::{SendError, Session};
 
 /// Extra wait past a live lease before trying again, so the retry lands after it expired.
 const LEASE_MARGIN: Duration = Duration::from_secs(1);
+/// How long a delivery tries to give back a claim whose commit outcome is unknown before it
+/// moves on (the database is failing; the claim then ends with its lease).
+const RELEASE_PATIENCE: Duration = Duration::from_secs(2);
 /// Growth of the retry delay per attempt (before rounding up to a tier).
 const RETRY_FACTOR: f32 = 3.0;
 
@@ -101,7 +104,7 @@ impl Worker {
     pub(super) async fn process(&self, delivery: &Delivery) -> Outcome {
         let job = match EmailJob::decode(&delivery.data) {
             Ok(job) => job,
-            Err(e) => return dead(ErrorClass::Invalid, e.to_string(), 0),
+            Err(e) => return self.refuse(&delivery.data, e.to_string()).await,
         };
         let span = tracing::Span::current();
         span.record("job_id", job.job.job_id.as_str());
@@ -113,7 +116,7 @@ impl Worker {
         let templates = self.templates.current();
         if !templates.contains(&job.job.kind) {
             let reason = format!("unknown kind {:?}: no such template", job.job.kind);
-            return dead(ErrorClass::Invalid, reason, 0);
+            return self.refuse(&delivery.data, reason).await;
         }
         failpoint::hit_job("worker.before_claim", &job.job.job_id).await;
         // The SMTP session comes first: a delivery may wait for one as long as the pool is
@@ -131,8 +134,12 @@ impl Worker {
             token: Uuid::new_v4(),
             lease: self.settings.lease,
             resend_uncertain: self.settings.on_uncertain == OnUncertain::Resend,
-            replay: broker::int_header(&delivery.properties, broker::REPLAY_HEADER)
-                .is_some_and(|n| n > 0),
+            replay: match self.replay_keys.honour(delivery).await {
+                Ok(genuine) => genuine,
+                Err(e) => {
+                    return self.retry(Duration::ZERO, format!("database unavailable: {e:#}"));
+                }
+            },
         };
         let replay = request.replay;
         let asked = Instant::now();
@@ -143,7 +150,9 @@ impl Worker {
                 return dead(ErrorClass::Invalid, reason, 0);
             }
             Err(e) => {
-                self.release_unknown_claim(&request).await;
+                if commit_outcome_unknown(&e) {
+                    self.release_unknown_claim(&request).await;
+                }
                 return self.retry(Duration::ZERO, format!("database unavailable: {e}"));
             }
         };
@@ -185,13 +194,12 @@ impl Worker {
     async fn release_unknown_claim(&self, request: &ClaimRequest<'_>) {
         let db = self.ledger.database();
         let reason = "claim outcome unknown (the database failed during the claim); given back";
-        match db
-            .release(request.job_id, request.kind, request.token, reason)
-            .await
-        {
-            Ok(true) => tracing::info!("the claim had committed after all; gave it back"),
-            Ok(false) => {}
-            Err(e) => tracing::debug!(error = %e, "cannot check whether the claim committed"),
+        let release = db.release(request.job_id, request.kind, request.token, reason);
+        match tokio::time::timeout(RELEASE_PATIENCE, release).await {
+            Ok(Ok(true)) => tracing::info!("the claim had committed after all; gave it back"),
+            Ok(Ok(false)) => {}
+            Ok(Err(e)) => tracing::debug!(error = %e, "cannot check whether the claim committed"),
+            Err(_) => tracing::debug!("cannot check whether the claim committed: no answer"),
         }
     }
 
@@ -502,6 +510,16 @@ fn record<'a>(
         error: Some(reason),
         class: class.map(ErrorClass::as_str),
     }
+}
+
+/// Whether a failed claim may still have committed: the connection broke while the statement
+/// or its COMMIT was on the wire. A pool that gave no connection, or an error the database
+/// answered with, means nothing was written.
+fn commit_outcome_unknown(e: &sqlx::Error) -> bool {
+    matches!(
+        e,
+        sqlx::Error::Io(_) | sqlx::Error::Protocol(_) | sqlx::Error::WorkerCrashed
+    )
 }
 
 fn dead(class: ErrorClass, reason: String, attempts: i64) -> Outcome {

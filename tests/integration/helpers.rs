@@ -954,6 +954,7 @@ pub async fn run_cli(args: &[&str], env: &[(&str, &str)]) -> CliOutput {
         "MAILROOM_TEMPLATES",
         "MAILROOM_FROM",
         "MAILROOM_MESSAGE_ID_DOMAIN",
+        "MAILROOM_REPLAY_KEY",
     ] {
         cmd.env_remove(var);
     }

@@ -1,0 +1,231 @@
+//! `POST /v1/emails`: the HTTP door. The body is a job as JSON; the `Idempotency-Key` header,
+//! when present, is its `job_id`. The job passes the one validation ([`crate::door`], with the
+//! live templates), is written to the outbox, and the answer is `202 Accepted` with a
+//! `Location` to poll. Refusals are `application/problem+json` (RFC 9457) with a `field`
+//! member naming what to fix:
+//!
+//! | status | type (`tag:mailroom,2026:problem/…`) | when |
+//! |---|---|---|
+//! | 400 | `not-json` | the body is not JSON |
+//! | 400 | `idempotency-key-mismatch` | the header and the body's `job_id` disagree |
+//! | 413 | `too-large` | the body is larger than the job limit (64 KiB) |
+//! | 422 | `invalid-job` | a field breaks a rule (size as published, kind, ids, addresses, headers) |
+//! | 422 | `idempotency-key-reused` | the key was used before with a different body |
+//!
+//! A retried request (the same key and the same job, spelled any way: spacing, key order,
+//! omitted defaults, a different or missing `created_at`) is `202` with `duplicate: true` and
+//! writes nothing. The comparison needs the first request's outbox row: once retention deleted
+//! it, a retry with any body is answered as a duplicate.
+
+use std::sync::Arc;
+
+use axum::{
+    Json,
+    body::Bytes,
+    extract::{State, rejection::BytesRejection},
+    http::{HeaderMap, StatusCode, header},
+    response::{IntoResponse, Response},
+};
+use serde_json::{Value, json};
+
+use super::{ApiState, encode};
+use crate::db::outbox::{self, Enqueued};
+use crate::door;
+use crate::job::{EmailJob, JobError, MAX_JOB_BYTES};
+
+/// An RFC 9457 problem, with the field to fix when there is one.
+pub(super) struct Problem {
+    pub status: StatusCode,
+    pub kind: &'static str,
+    pub title: &'static str,
+    pub detail: String,
+    pub field: Option<String>,
+}
+
+impl IntoResponse for Problem {
+    fn into_response(self) -> Response {
+        let body = json!({
+            "type": format!("tag:mailroom,2026:problem/{}", self.kind),
+            "title": self.title,
+            "status": self.status.as_u16(),
+            "detail": self.detail,
+            "field": self.field,
+        });
+        (
+            self.status,
+            [(header::CONTENT_TYPE, "application/problem+json")],
+            body.to_string(),
+        )
+            .into_response()
+    }
+}
+
+impl Problem {
+    fn invalid(e: &JobError) -> Problem {
+        let field = match e {
+            JobError::Invalid { field, .. } => Some(field.clone()),
+            _ => None,
+        };
+        Problem {
+            status: StatusCode::UNPROCESSABLE_ENTITY,
+            kind: "invalid-job",
+            title: "The job breaks a rule",
+            detail: e.to_string(),
+            field,
+        }
+    }
+
+    fn key(status: StatusCode, kind: &'static str, title: &'static str, detail: String) -> Problem {
+        Problem {
+            status,
+            kind,
+            title,
+            detail,
+            field: Some("Idempotency-Key".into()),
+        }
+    }
+}
+
+pub(super) async fn enqueue(
+    State(state): State<Arc<ApiState>>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    match admit_and_write(&state, &headers, body).await {
+        Ok(response) => response,
+        Err(problem) => problem.into_response(),
+    }
+}
+
+async fn admit_and_write(
+    state: &ApiState,
+    headers: &HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, Problem> {
+    let value = read_body(body)?;
+    let job = job_of(value, headers)?;
+    let templates = state.templates.as_ref().map(|t| t.current());
+    let admitted =
+        outbox::admit_for_outbox(&job, templates.as_deref()).map_err(|e| Problem::invalid(&e))?;
+    let done = state
+        .db
+        .enqueue_admitted(&admitted)
+        .await
+        .map_err(|e| Problem {
+            status: StatusCode::SERVICE_UNAVAILABLE,
+            kind: "database-unavailable",
+            title: "The database is unavailable",
+            detail: format!("database unavailable: {e}"),
+            field: None,
+        })?;
+    let job = admitted.job();
+    if done == Enqueued::AlreadyQueued {
+        check_same_request(state, job)
+            .await
+            .map_err(|mut problem| {
+                if !headers.contains_key("idempotency-key") {
+                    problem.field = Some("job_id".into());
+                }
+                problem
+            })?;
+    }
+    if let (Enqueued::New(_), Some(wake)) = (done, &state.relay_wake) {
+        wake.notify_one();
+    }
+    let location = format!("/v1/emails/{}/{}", encode(&job.job_id), encode(&job.kind));
+    let body = json!({
+        "job_id": job.job_id, "kind": job.kind,
+        "duplicate": done == Enqueued::AlreadyQueued, "status_url": location,
+    });
+    Ok((
+        StatusCode::ACCEPTED,
+        [(header::LOCATION, location)],
+        Json(body),
+    )
+        .into_response())
+}
+
+/// The body as JSON: 413 past the job limit (axum's body limit is set to it), 400 when not JSON.
+fn read_body(body: Result<Bytes, BytesRejection>) -> Result<Value, Problem> {
+    let body = body.map_err(|rejection| {
+        let too_large = rejection.status() == StatusCode::PAYLOAD_TOO_LARGE;
+        Problem {
+            status: rejection.status(),
+            kind: if too_large {
+                "too-large"
+            } else {
+                "unreadable-body"
+            },
+            title: if too_large {
+                "The body is larger than the job limit"
+            } else {
+                "The body could not be read"
+            },
+            detail: if too_large {
+                format!("the body is larger than the job limit of {MAX_JOB_BYTES} bytes")
+            } else {
+                rejection.body_text()
+            },
+            field: None,
+        }
+    })?;
+    serde_json::from_slice(&body).map_err(|e| Problem {
+        status: StatusCode::BAD_REQUEST,
+        kind: "not-json",
+        title: "The body is not JSON",
+        detail: format!("body is not JSON: {e}"),
+        field: None,
+    })
+}
+
+/// The job of a body, with the `Idempotency-Key` header as its `job_id`.
+fn job_of(mut value: Value, headers: &HeaderMap) -> Result<EmailJob, Problem> {
+    if let Some(key) = headers.get("idempotency-key") {
+        let Ok(key) = key.to_str() else {
+            return Err(Problem::key(
+                StatusCode::BAD_REQUEST,
+                "idempotency-key-mismatch",
+                "The Idempotency-Key header is not visible ASCII",
+                "the Idempotency-Key header is not visible ASCII".into(),
+            ));
+        };
+        if let Some(obj) = value.as_object_mut() {
+            match obj.get("job_id") {
+                Some(Value::String(id)) if id != key => {
+                    return Err(Problem::key(
+                        StatusCode::BAD_REQUEST,
+                        "idempotency-key-mismatch",
+                        "The Idempotency-Key header and the body's job_id disagree",
+                        format!("Idempotency-Key {key:?} but job_id {id:?}"),
+                    ));
+                }
+                _ => {
+                    obj.insert("job_id".into(), Value::String(key.to_string()));
+                }
+            }
+        }
+    }
+    door::from_value(value).map_err(|e| Problem::invalid(&e))
+}
+
+/// A key already in the outbox: the same request again is fine, another body is not.
+async fn check_same_request(state: &ApiState, job: &EmailJob) -> Result<(), Problem> {
+    let stored = match state.db.outbox_payload(&job.job_id, &job.kind).await {
+        Ok(Some(text)) => text,
+        // Deleted by retention (or unreadable): nothing to compare with.
+        Ok(None) | Err(_) => return Ok(()),
+    };
+    let same = door::parse(stored.as_bytes()).is_ok_and(|first| door::same_request(&first, job));
+    if same {
+        return Ok(());
+    }
+    Err(Problem::key(
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "idempotency-key-reused",
+        "The Idempotency-Key was used before with a different body",
+        format!(
+            "job {:?} of kind {:?} was enqueued before with a different body; use a new key for a new job",
+            job.job_id, job.kind
+        ),
+    ))
+}
