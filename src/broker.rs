@@ -364,6 +364,15 @@ pub fn text_value(s: &str) -> AMQPValue {
     text(s)
 }
 
+/// Longest error text copied into a dead letter's or a retry's header; the full text is in the
+/// log and the ledger.
+pub const MAX_REASON_HEADER: usize = 1000;
+
+/// A reason as a header value, cut to [`MAX_REASON_HEADER`] bytes.
+pub fn reason_value(reason: &str) -> AMQPValue {
+    text(&crate::job::clip(reason, MAX_REASON_HEADER))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -11,9 +11,6 @@ use crate::broker::{self, Topology};
 use crate::db::outbox::PendingRow;
 use crate::door;
 
-/// Longest reason copied into a dead letter's header (as the worker does).
-const MAX_REASON_HEADER: usize = 1000;
-
 /// One message to publish for one row.
 pub(super) struct Outgoing<'a> {
     pub row: &'a PendingRow,
@@ -96,23 +93,12 @@ fn dead_letter_properties(row: &PendingRow, reason: &str) -> BasicProperties {
     broker::with_headers(
         &broker::job_properties(&row.job_id, &row.kind, 1),
         &[
-            ("x-mailroom-error", broker::text_value(&clip(reason))),
+            ("x-mailroom-error", broker::reason_value(reason)),
             ("x-mailroom-error-class", broker::text_value("invalid")),
             ("x-mailroom-attempts", AMQPValue::LongLongInt(0)),
             ("x-mailroom-failed-at", broker::text_value(&now)),
         ],
     )
-}
-
-fn clip(s: &str) -> String {
-    if s.len() <= MAX_REASON_HEADER {
-        return s.to_string();
-    }
-    let mut end = MAX_REASON_HEADER;
-    while !s.is_char_boundary(end) {
-        end -= 1;
-    }
-    format!("{}…", &s[..end])
 }
 
 #[cfg(test)]
