@@ -318,7 +318,7 @@ async fn publish_on(
     }
 }
 
-/// The AMQP properties of a job message, as DESIGN.md fixes them.
+/// The AMQP properties of a job message, as the README's "The job" fixes them.
 pub fn job_properties(job_id: &str, kind: &str, attempt: i64) -> BasicProperties {
     BasicProperties::default()
         .with_message_id(job_id.into())
