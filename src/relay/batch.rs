@@ -5,7 +5,6 @@
 //! after the cut stay unpublished and are claimed by the next scan.
 
 use lapin::BasicProperties;
-use lapin::types::AMQPValue;
 
 use crate::broker::{self, Topology};
 use crate::db::outbox::PendingRow;
@@ -89,15 +88,9 @@ fn check<'a>(row: &'a PendingRow, topology: &'a Topology) -> Outgoing<'a> {
 
 /// The properties of a dead letter of class `invalid`, as the worker writes them.
 fn dead_letter_properties(row: &PendingRow, reason: &str) -> BasicProperties {
-    let now = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
     broker::with_headers(
         &broker::job_properties(&row.job_id, &row.kind, 1),
-        &[
-            ("x-mailroom-error", broker::reason_value(reason)),
-            ("x-mailroom-error-class", broker::text_value("invalid")),
-            ("x-mailroom-attempts", AMQPValue::LongLongInt(0)),
-            ("x-mailroom-failed-at", broker::text_value(&now)),
-        ],
+        &broker::dead_letter_headers(reason, "invalid", 0),
     )
 }
 

@@ -47,7 +47,7 @@ impl Worker {
                             broker::text_value(&Topology::delay_label(delay)),
                         ),
                         (broker::ATTEMPT_HEADER, AMQPValue::LongLongInt(attempt)),
-                        ("x-mailroom-last-error", broker::reason_value(&reason)),
+                        (broker::LAST_ERROR_HEADER, broker::reason_value(&reason)),
                     ],
                 );
                 let exchange = &self.settings.topology.retry_exchange;
@@ -76,15 +76,9 @@ impl Worker {
                 reason,
                 attempts,
             } => {
-                let now = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
                 let props = broker::with_headers(
                     &delivery.properties,
-                    &[
-                        ("x-mailroom-error", broker::reason_value(&reason)),
-                        ("x-mailroom-error-class", broker::text_value(class.as_str())),
-                        ("x-mailroom-attempts", AMQPValue::LongLongInt(attempts)),
-                        ("x-mailroom-failed-at", broker::text_value(&now)),
-                    ],
+                    &broker::dead_letter_headers(&reason, class.as_str(), attempts),
                 );
                 let dlx = &self.settings.topology.dlx;
                 match publisher
