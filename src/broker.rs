@@ -34,12 +34,24 @@ use crate::config::UrlList;
 pub const DELIVERY_LIMIT: i64 = 10;
 /// How long a publish may wait for its confirm before it counts as failed.
 pub const CONFIRM_TIMEOUT: Duration = Duration::from_secs(10);
+// The wire contract: every `x-mailroom-*` header mailroom writes or reads.
 /// Header naming the retry tier a message is published to.
 pub const DELAY_HEADER: &str = "x-mailroom-delay";
 pub const KIND_HEADER: &str = "x-mailroom-kind";
+/// On a retried copy: the number of the delivery attempt it will be (1 for the first).
 pub const ATTEMPT_HEADER: &str = "x-mailroom-attempt";
+/// On a retried copy: why the previous attempt failed.
+pub const LAST_ERROR_HEADER: &str = "x-mailroom-last-error";
+/// On a dead letter: why it was given up, and the class of that reason.
+pub const ERROR_HEADER: &str = "x-mailroom-error";
+pub const ERROR_CLASS_HEADER: &str = "x-mailroom-error-class";
+/// On a dead letter: the claims the job spent (not [`ATTEMPT_HEADER`], a retry's counter).
+pub const ATTEMPTS_HEADER: &str = "x-mailroom-attempts";
+/// On a dead letter: when it was given up (RFC 3339, UTC).
+pub const FAILED_AT_HEADER: &str = "x-mailroom-failed-at";
 /// Set on a copy replayed from the dead-letter queue (how many times it was replayed): the
-/// worker may then claim a `dead` or `uncertain` row once more (never a `sent` one).
+/// worker may then claim a `dead` or `uncertain` row once more (never a `sent` one), if the
+/// copy also carries a valid seal (`dlq::seal::SEAL_HEADER`).
 pub const REPLAY_HEADER: &str = "x-mailroom-replay";
 
 /// The names of every exchange and queue, derived from one namespace so that tests (and
@@ -318,7 +330,7 @@ async fn publish_on(
     }
 }
 
-/// The AMQP properties of a job message, as DESIGN.md fixes them.
+/// The AMQP properties of a job message, as the README's "The job" fixes them.
 pub fn job_properties(job_id: &str, kind: &str, attempt: i64) -> BasicProperties {
     BasicProperties::default()
         .with_message_id(job_id.into())
@@ -362,6 +374,30 @@ pub fn with_headers(props: &BasicProperties, headers: &[(&str, AMQPValue)]) -> B
 /// A string header value.
 pub fn text_value(s: &str) -> AMQPValue {
     text(s)
+}
+
+/// Longest error text copied into a dead letter's or a retry's header; the full text is in the
+/// log and the ledger.
+pub const MAX_REASON_HEADER: usize = 1000;
+
+/// The headers of a dead letter, written by the worker and by the relay alike.
+pub fn dead_letter_headers(
+    reason: &str,
+    class: &str,
+    attempts: i64,
+) -> [(&'static str, AMQPValue); 4] {
+    let now = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
+    [
+        (ERROR_HEADER, reason_value(reason)),
+        (ERROR_CLASS_HEADER, text(class)),
+        (ATTEMPTS_HEADER, AMQPValue::LongLongInt(attempts)),
+        (FAILED_AT_HEADER, text(&now)),
+    ]
+}
+
+/// A reason as a header value, cut to [`MAX_REASON_HEADER`] bytes.
+pub fn reason_value(reason: &str) -> AMQPValue {
+    text(&crate::job::clip(reason, MAX_REASON_HEADER))
 }
 
 #[cfg(test)]

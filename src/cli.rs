@@ -9,7 +9,7 @@ use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
 use lettre::message::Mailbox;
 
-pub(crate) mod dlq;
+mod dlq;
 mod dlq_print;
 pub mod outbox;
 mod templates;

@@ -274,5 +274,17 @@ impl DeadLetters {
     }
 }
 
+/// The `since` of a [`Filter`], as the CLI and the HTTP API take it: `2h` → two hours ago;
+/// otherwise an RFC 3339 time.
+pub fn parse_since(s: &str) -> Result<DateTime<Utc>, String> {
+    if let Ok(at) = DateTime::parse_from_rfc3339(s.trim()) {
+        return Ok(at.with_timezone(&Utc));
+    }
+    let ago = crate::config::parse_duration(s)
+        .map_err(|_| format!("{s:?} is neither an RFC 3339 time nor a duration like 2h"))?;
+    let ago = chrono::Duration::from_std(ago).map_err(|e| e.to_string())?;
+    Ok(Utc::now() - ago)
+}
+
 #[cfg(test)]
 mod tests;

@@ -260,6 +260,19 @@ fn parse_mailbox(field: &str, raw: &str) -> Result<Mailbox, JobError> {
         .map_err(|e| invalid(field, format!("not a valid RFC 5322 mailbox ({e})")))
 }
 
+/// `text` cut to at most `max` bytes at a character boundary, ending in `…` when it was cut: for
+/// reasons and replies copied into headers and the ledger, whose full text is in the log.
+pub fn clip(text: &str, max: usize) -> String {
+    if text.len() <= max {
+        return text.to_string();
+    }
+    let mut end = max.saturating_sub('…'.len_utf8());
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &text[..end])
+}
+
 /// Masks an address for logs: `ada@example.com` → `a***@example.com`.
 pub fn mask_email(address: &str) -> String {
     match address.rsplit_once('@') {

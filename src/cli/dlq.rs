@@ -11,10 +11,10 @@ use clap::{ArgGroup, Args, Subcommand};
 
 use super::dlq_print as print;
 use super::{BrokerArgs, DatabaseArgs};
-use crate::config::{self, SecretUrl};
+use crate::config::SecretUrl;
 use crate::db::Database;
 use crate::dlq::seal::{self, ReplayKey};
-use crate::dlq::{DeadLetters, Filter, Progress, Report, Selection};
+use crate::dlq::{DeadLetters, Filter, Progress, Report, Selection, parse_since};
 use crate::render::Templates;
 
 /// How often progress is redrawn on a terminal.
@@ -123,17 +123,6 @@ pub struct PurgeArgs {
     pub yes: bool,
     #[arg(long)]
     pub json: bool,
-}
-
-/// `2h` → two hours ago; otherwise an RFC 3339 time.
-pub fn parse_since(s: &str) -> Result<DateTime<Utc>, String> {
-    if let Ok(at) = DateTime::parse_from_rfc3339(s.trim()) {
-        return Ok(at.with_timezone(&Utc));
-    }
-    let ago = config::parse_duration(s)
-        .map_err(|_| format!("{s:?} is neither an RFC 3339 time nor a duration like 2h"))?;
-    let ago = chrono::Duration::from_std(ago).map_err(|e| e.to_string())?;
-    Ok(Utc::now() - ago)
 }
 
 fn selection(ids: &[String], kind: &Option<String>, class: &Option<String>) -> Selection {

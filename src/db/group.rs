@@ -247,16 +247,8 @@ pub const MAX_LEDGER_TEXT_BYTES: usize = 4096;
 /// `text` as the ledger stores it: without NUL (PostgreSQL's text cannot hold it) and cut to
 /// [`MAX_LEDGER_TEXT_BYTES`] at a character boundary, so a record never fails on its own text.
 pub fn ledger_text(text: &str) -> String {
-    let mut out: String = text.chars().filter(|&c| c != '\0').collect();
-    if out.len() > MAX_LEDGER_TEXT_BYTES {
-        let mut end = MAX_LEDGER_TEXT_BYTES - '…'.len_utf8();
-        while !out.is_char_boundary(end) {
-            end -= 1;
-        }
-        out.truncate(end);
-        out.push('…');
-    }
-    out
+    let without_nul: String = text.chars().filter(|&c| c != '\0').collect();
+    crate::job::clip(&without_nul, MAX_LEDGER_TEXT_BYTES)
 }
 
 fn writer_gone() -> sqlx::Error {

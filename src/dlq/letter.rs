@@ -18,11 +18,11 @@ use crate::job::{MAX_KIND_LEN, mask_email};
 
 /// Headers of a failure, dropped from a replayed copy so that it starts afresh.
 const FAILURE_HEADERS: &[&str] = &[
-    "x-mailroom-error",
-    "x-mailroom-error-class",
-    "x-mailroom-attempts",
-    "x-mailroom-failed-at",
-    "x-mailroom-last-error",
+    broker::ERROR_HEADER,
+    broker::ERROR_CLASS_HEADER,
+    broker::ATTEMPTS_HEADER,
+    broker::FAILED_AT_HEADER,
+    broker::LAST_ERROR_HEADER,
     broker::DELAY_HEADER,
     "x-death",
     "x-first-death-reason",
@@ -66,7 +66,7 @@ pub(super) fn entry(position: usize, d: &Delivery) -> Entry {
         recipient: recipient(body.as_ref()),
         class,
         reason: crate::job::mask_addresses(&reason),
-        attempts: broker::int_header(props, "x-mailroom-attempts")
+        attempts: broker::int_header(props, broker::ATTEMPTS_HEADER)
             .or_else(|| broker::int_header(props, "x-delivery-count")),
         failed_at: failed_at(props),
         replays: broker::int_header(props, broker::REPLAY_HEADER).unwrap_or(0),
@@ -75,8 +75,8 @@ pub(super) fn entry(position: usize, d: &Delivery) -> Entry {
 
 /// The error class and reason: the worker's headers, else what the broker recorded.
 fn cause(props: &BasicProperties) -> (String, String) {
-    if let Some(class) = text_header(props, "x-mailroom-error-class") {
-        let reason = text_header(props, "x-mailroom-error").unwrap_or_default();
+    if let Some(class) = text_header(props, broker::ERROR_CLASS_HEADER) {
+        let reason = text_header(props, broker::ERROR_HEADER).unwrap_or_default();
         return (class, reason);
     }
     let Some(death) = deaths(props).into_iter().next() else {
@@ -119,7 +119,7 @@ fn recipient(body: Option<&Value>) -> String {
 }
 
 fn failed_at(props: &BasicProperties) -> Option<DateTime<Utc>> {
-    if let Some(at) = text_header(props, "x-mailroom-failed-at")
+    if let Some(at) = text_header(props, broker::FAILED_AT_HEADER)
         && let Ok(at) = DateTime::parse_from_rfc3339(&at)
     {
         return Some(at.with_timezone(&Utc));

@@ -101,7 +101,7 @@ pub(super) async fn list(
     State(state): State<Arc<ApiState>>,
     Query(q): Query<ListQuery>,
 ) -> Response {
-    let since = match q.since.as_deref().map(crate::cli::dlq::parse_since) {
+    let since = match q.since.as_deref().map(crate::dlq::parse_since) {
         Some(Err(e)) => return error(StatusCode::BAD_REQUEST, Some("since"), &e),
         Some(Ok(at)) => Some(at),
         None => None,

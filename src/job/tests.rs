@@ -133,3 +133,13 @@ proptest! {
         prop_assert!(job(header).is_err());
     }
 }
+
+#[test]
+fn clip_cuts_at_a_character_boundary_within_the_bound_and_marks_the_cut() {
+    assert_eq!(clip("short", 10), "short");
+    let cut = clip(&"注".repeat(10), 10);
+    assert!(cut.len() <= 10, "{cut:?}");
+    assert_eq!(cut, "注注…");
+    assert_eq!(clip("abcdefghij", 10), "abcdefghij");
+    assert_eq!(clip("abcdefghijk", 10), "abcdefg…");
+}

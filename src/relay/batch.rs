@@ -5,14 +5,10 @@
 //! after the cut stay unpublished and are claimed by the next scan.
 
 use lapin::BasicProperties;
-use lapin::types::AMQPValue;
 
 use crate::broker::{self, Topology};
 use crate::db::outbox::PendingRow;
 use crate::door;
-
-/// Longest reason copied into a dead letter's header (as the worker does).
-const MAX_REASON_HEADER: usize = 1000;
 
 /// One message to publish for one row.
 pub(super) struct Outgoing<'a> {
@@ -92,27 +88,10 @@ fn check<'a>(row: &'a PendingRow, topology: &'a Topology) -> Outgoing<'a> {
 
 /// The properties of a dead letter of class `invalid`, as the worker writes them.
 fn dead_letter_properties(row: &PendingRow, reason: &str) -> BasicProperties {
-    let now = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
     broker::with_headers(
         &broker::job_properties(&row.job_id, &row.kind, 1),
-        &[
-            ("x-mailroom-error", broker::text_value(&clip(reason))),
-            ("x-mailroom-error-class", broker::text_value("invalid")),
-            ("x-mailroom-attempts", AMQPValue::LongLongInt(0)),
-            ("x-mailroom-failed-at", broker::text_value(&now)),
-        ],
+        &broker::dead_letter_headers(reason, "invalid", 0),
     )
-}
-
-fn clip(s: &str) -> String {
-    if s.len() <= MAX_REASON_HEADER {
-        return s.to_string();
-    }
-    let mut end = MAX_REASON_HEADER;
-    while !s.is_char_boundary(end) {
-        end -= 1;
-    }
-    format!("{}…", &s[..end])
 }
 
 #[cfg(test)]

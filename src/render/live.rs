@@ -1,5 +1,5 @@
 //! Live template editing: the set a running process sends with, swapped atomically when the
-//! directory changes (DESIGN.md, "Templates": a broken edit is rejected and the last good set
+//! directory changes (README, "Templates": a broken edit is rejected and the last good set
 //! keeps sending).
 //!
 //! [`LiveTemplates::watch`] polls a fingerprint of the directory (every file's path and bytes)

@@ -212,6 +212,27 @@ async fn sequential_sends_reuse_one_connection() {
 }
 
 #[tokio::test]
+async fn the_breaker_probe_waits_for_a_free_session_like_any_send() {
+    let s = server(Script::default()).await;
+    let m = Arc::new(mailer(s.port, Duration::from_secs(5), 1));
+    let held = m.session().await.unwrap();
+    let mut probing = tokio::spawn({
+        let m = m.clone();
+        async move { m.probe().await }
+    });
+    // While the only session is held, the probe opens no connection of its own.
+    let early = tokio::time::timeout(Duration::from_millis(300), &mut probing).await;
+    assert!(early.is_err(), "the probe ran outside the session cap");
+    assert_eq!(s.counters.connections.load(Ordering::SeqCst), 0);
+    drop(held);
+    assert!(
+        probing.await.unwrap(),
+        "the probe answers once a session is free"
+    );
+    assert_eq!(s.counters.connections.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test]
 async fn concurrent_sends_never_open_more_than_the_cap() {
     let s = server(Script {
         dot_delay: Duration::from_millis(20),

@@ -12,8 +12,6 @@ use super::{Outcome, Stats, Worker};
 use crate::broker::{self, Topology};
 use crate::job::mask_addresses;
 
-/// Longest error text copied into a header; the full text is in the log and the ledger.
-const MAX_REASON_HEADER: usize = 1000;
 /// How long an ack or reject may take to be written. lapin resolves it once written; an ack
 /// handed to lapin as the broker connection broke (a broker restart) was seen never to resolve,
 /// which held its concurrency slot for good and kept the worker from shutting down. Past this,
@@ -49,7 +47,7 @@ impl Worker {
                             broker::text_value(&Topology::delay_label(delay)),
                         ),
                         (broker::ATTEMPT_HEADER, AMQPValue::LongLongInt(attempt)),
-                        ("x-mailroom-last-error", broker::text_value(&clip(&reason))),
+                        (broker::LAST_ERROR_HEADER, broker::reason_value(&reason)),
                     ],
                 );
                 let exchange = &self.settings.topology.retry_exchange;
@@ -78,15 +76,9 @@ impl Worker {
                 reason,
                 attempts,
             } => {
-                let now = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
                 let props = broker::with_headers(
                     &delivery.properties,
-                    &[
-                        ("x-mailroom-error", broker::text_value(&clip(&reason))),
-                        ("x-mailroom-error-class", broker::text_value(class.as_str())),
-                        ("x-mailroom-attempts", AMQPValue::LongLongInt(attempts)),
-                        ("x-mailroom-failed-at", broker::text_value(&now)),
-                    ],
+                    &broker::dead_letter_headers(&reason, class.as_str(), attempts),
                 );
                 let dlx = &self.settings.topology.dlx;
                 match publisher
@@ -152,15 +144,4 @@ impl Worker {
         Stats::bump(&self.stats.unsettled);
         tracing::warn!("{what}");
     }
-}
-
-fn clip(s: &str) -> String {
-    if s.len() <= MAX_REASON_HEADER {
-        return s.to_string();
-    }
-    let mut end = MAX_REASON_HEADER;
-    while !s.is_char_boundary(end) {
-        end -= 1;
-    }
-    format!("{}…", &s[..end])
 }

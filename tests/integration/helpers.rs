@@ -467,7 +467,7 @@ impl TestApp {
             .expect("start mailroom worker")
     }
 
-    /// A job for this test, as DESIGN.md shows it.
+    /// A job for this test, as the README's "The job" shows it.
     pub fn job(&self, job_id: &str) -> Value {
         json!({
             "job_id": job_id, "kind": "welcome",
