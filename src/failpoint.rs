@@ -3,7 +3,9 @@
 //! `pause` parks the task forever so a test can SIGKILL the process at exactly that point;
 //! `delay:2s` holds the task that long at every hit, `delay-once:2s` at the first hit only (a
 //! slow step: a claim that takes most of its lease).
-//! Unset in production, a failpoint costs one lookup in an empty map.
+//! They exist only in builds with the `failpoints` cargo feature, which `cargo test` turns on
+//! (mailroom is its own dev-dependency with that feature) and `cargo build` does not: a release
+//! binary carries no failpoint, and says so once if `MAILROOM_FAILPOINTS` is set anyway.
 //! `name@JOB_ID=action` arms a point for one job only (a poison job), e.g.
 //! `worker.after_claim@order-7=abort`; the worker's points take the job id.
 //!
@@ -11,137 +13,165 @@
 //! `worker.before_ack` (every ack: the outcome is recorded or published, the ack not sent),
 //! `relay.after_confirm`.
 
-use std::collections::HashMap;
-use std::sync::OnceLock;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
-
 /// The environment variable that arms failpoints.
 pub const ENV: &str = "MAILROOM_FAILPOINTS";
 
-#[derive(Debug)]
-enum Action {
-    Abort,
-    Pause,
-    /// Waits this long; with `once`, only at the first hit.
-    Delay {
-        wait: Duration,
-        once: bool,
-        spent: AtomicBool,
-    },
-}
+#[cfg(feature = "failpoints")]
+pub use armed::{hit, hit_job};
 
-impl PartialEq for Action {
-    fn eq(&self, other: &Action) -> bool {
-        match (self, other) {
-            (Action::Abort, Action::Abort) | (Action::Pause, Action::Pause) => true,
-            (
-                Action::Delay { wait, once, .. },
-                Action::Delay {
-                    wait: w, once: o, ..
-                },
-            ) => wait == w && once == o,
-            _ => false,
-        }
-    }
-}
+/// Runs nothing: this build has no failpoints.
+#[cfg(not(feature = "failpoints"))]
+#[inline(always)]
+pub async fn hit(_name: &str) {}
 
-fn delay(spec: &str, once: bool) -> Option<Action> {
-    let wait = humantime::parse_duration(spec).ok()?;
-    Some(Action::Delay {
-        wait,
-        once,
-        spent: AtomicBool::new(false),
-    })
-}
+/// Runs nothing: this build has no failpoints.
+#[cfg(not(feature = "failpoints"))]
+#[inline(always)]
+pub async fn hit_job(_name: &str, _job_id: &str) {}
 
-fn armed() -> &'static HashMap<String, Action> {
-    static ARMED: OnceLock<HashMap<String, Action>> = OnceLock::new();
-    ARMED.get_or_init(|| parse(&std::env::var(ENV).unwrap_or_default()))
-}
-
-fn parse(spec: &str) -> HashMap<String, Action> {
-    spec.split(';')
-        .filter_map(|entry| {
-            let (name, action) = entry.trim().split_once('=')?;
-            let action = match action.trim() {
-                "abort" => Action::Abort,
-                "pause" => Action::Pause,
-                other if let Some(a) = other.strip_prefix("delay:").and_then(|d| delay(d, false)) => a,
-                other if let Some(a) = other.strip_prefix("delay-once:").and_then(|d| delay(d, true)) => a,
-                other => {
-                    eprintln!("mailroom: ignoring failpoint {name}={other}: use abort, pause, delay:DURATION or delay-once:DURATION");
-                    return None;
-                }
-            };
-            Some((name.trim().to_string(), action))
-        })
-        .collect()
-}
-
-/// Runs the action armed for `name`, if any.
-pub async fn hit(name: &str) {
-    match armed().get(name) {
-        None => {}
-        Some(Action::Abort) => {
-            tracing::error!(failpoint = name, "failpoint: aborting the process");
-            std::process::abort();
-        }
-        Some(Action::Pause) => {
-            tracing::warn!(failpoint = name, "failpoint: pausing this delivery forever");
-            std::future::pending::<()>().await;
-        }
-        Some(Action::Delay { wait, once, spent }) => {
-            if *once && spent.swap(true, Ordering::SeqCst) {
-                return;
-            }
-            tracing::warn!(failpoint = name, ?wait, "failpoint: delaying this delivery");
-            tokio::time::sleep(*wait).await;
-        }
-    }
-}
-
-/// Runs the action armed for `name`, or for `name@job_id`.
-pub async fn hit_job(name: &str, job_id: &str) {
-    let armed = armed();
-    if armed.is_empty() {
-        return;
-    }
-    let keyed = format!("{name}@{job_id}");
-    if armed.contains_key(&keyed) {
-        hit(&keyed).await;
-    } else {
-        hit(name).await;
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn parses_points_and_skips_unknown_actions() {
-        let armed = parse("worker.after_claim=abort; worker.after_record = pause;x=explode;junk");
-        assert_eq!(armed.get("worker.after_claim"), Some(&Action::Abort));
-        assert_eq!(armed.get("worker.after_record"), Some(&Action::Pause));
-        assert_eq!(armed.len(), 2);
-    }
-
-    #[test]
-    fn parses_delays_every_time_or_once() {
-        let armed = parse("a=delay:2s;b=delay-once:150ms;c=delay:soon");
-        assert_eq!(armed.get("a"), delay("2s", false).as_ref());
-        assert_eq!(armed.get("b"), delay("150ms", true).as_ref());
-        assert_eq!(armed.get("c"), None);
-    }
-
-    #[test]
-    fn parses_points_keyed_on_a_job() {
-        let armed = parse("worker.after_claim@order-7=abort");
-        assert_eq!(
-            armed.get("worker.after_claim@order-7"),
-            Some(&Action::Abort)
+/// Says once, at startup, that `MAILROOM_FAILPOINTS` is set in a build that ignores it.
+pub fn warn_if_ignored() {
+    if !cfg!(feature = "failpoints") && std::env::var_os(ENV).is_some() {
+        tracing::warn!(
+            "{ENV} is set, but this build has no failpoints (cargo feature `failpoints`); ignoring it"
         );
-        assert_eq!(armed.get("worker.after_claim"), None);
+    }
+}
+
+#[cfg(feature = "failpoints")]
+mod armed {
+    use std::collections::HashMap;
+    use std::sync::OnceLock;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::time::Duration;
+
+    use super::ENV;
+
+    #[derive(Debug)]
+    enum Action {
+        Abort,
+        Pause,
+        /// Waits this long; with `once`, only at the first hit.
+        Delay {
+            wait: Duration,
+            once: bool,
+            spent: AtomicBool,
+        },
+    }
+
+    impl PartialEq for Action {
+        fn eq(&self, other: &Action) -> bool {
+            match (self, other) {
+                (Action::Abort, Action::Abort) | (Action::Pause, Action::Pause) => true,
+                (
+                    Action::Delay { wait, once, .. },
+                    Action::Delay {
+                        wait: w, once: o, ..
+                    },
+                ) => wait == w && once == o,
+                _ => false,
+            }
+        }
+    }
+
+    fn delay(spec: &str, once: bool) -> Option<Action> {
+        let wait = humantime::parse_duration(spec).ok()?;
+        Some(Action::Delay {
+            wait,
+            once,
+            spent: AtomicBool::new(false),
+        })
+    }
+
+    fn armed() -> &'static HashMap<String, Action> {
+        static ARMED: OnceLock<HashMap<String, Action>> = OnceLock::new();
+        ARMED.get_or_init(|| parse(&std::env::var(ENV).unwrap_or_default()))
+    }
+
+    fn parse(spec: &str) -> HashMap<String, Action> {
+        spec.split(';')
+            .filter_map(|entry| {
+                let (name, action) = entry.trim().split_once('=')?;
+                let action = match action.trim() {
+                    "abort" => Action::Abort,
+                    "pause" => Action::Pause,
+                    other if let Some(a) = other.strip_prefix("delay:").and_then(|d| delay(d, false)) => a,
+                    other if let Some(a) = other.strip_prefix("delay-once:").and_then(|d| delay(d, true)) => a,
+                    other => {
+                        eprintln!("mailroom: ignoring failpoint {name}={other}: use abort, pause, delay:DURATION or delay-once:DURATION");
+                        return None;
+                    }
+                };
+                Some((name.trim().to_string(), action))
+            })
+            .collect()
+    }
+
+    /// Runs the action armed for `name`, if any.
+    pub async fn hit(name: &str) {
+        match armed().get(name) {
+            None => {}
+            Some(Action::Abort) => {
+                tracing::error!(failpoint = name, "failpoint: aborting the process");
+                std::process::abort();
+            }
+            Some(Action::Pause) => {
+                tracing::warn!(failpoint = name, "failpoint: pausing this delivery forever");
+                std::future::pending::<()>().await;
+            }
+            Some(Action::Delay { wait, once, spent }) => {
+                if *once && spent.swap(true, Ordering::SeqCst) {
+                    return;
+                }
+                tracing::warn!(failpoint = name, ?wait, "failpoint: delaying this delivery");
+                tokio::time::sleep(*wait).await;
+            }
+        }
+    }
+
+    /// Runs the action armed for `name`, or for `name@job_id`.
+    pub async fn hit_job(name: &str, job_id: &str) {
+        let armed = armed();
+        if armed.is_empty() {
+            return;
+        }
+        let keyed = format!("{name}@{job_id}");
+        if armed.contains_key(&keyed) {
+            hit(&keyed).await;
+        } else {
+            hit(name).await;
+        }
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+
+        #[test]
+        fn parses_points_and_skips_unknown_actions() {
+            let armed =
+                parse("worker.after_claim=abort; worker.after_record = pause;x=explode;junk");
+            assert_eq!(armed.get("worker.after_claim"), Some(&Action::Abort));
+            assert_eq!(armed.get("worker.after_record"), Some(&Action::Pause));
+            assert_eq!(armed.len(), 2);
+        }
+
+        #[test]
+        fn parses_delays_every_time_or_once() {
+            let armed = parse("a=delay:2s;b=delay-once:150ms;c=delay:soon");
+            assert_eq!(armed.get("a"), delay("2s", false).as_ref());
+            assert_eq!(armed.get("b"), delay("150ms", true).as_ref());
+            assert_eq!(armed.get("c"), None);
+        }
+
+        #[test]
+        fn parses_points_keyed_on_a_job() {
+            let armed = parse("worker.after_claim@order-7=abort");
+            assert_eq!(
+                armed.get("worker.after_claim@order-7"),
+                Some(&Action::Abort)
+            );
+            assert_eq!(armed.get("worker.after_claim"), None);
+        }
     }
 }

@@ -6,6 +6,7 @@ use clap::Parser;
 async fn main() -> std::process::ExitCode {
     let cli = mailroom::cli::Cli::parse();
     mailroom::telemetry::init(cli.log_format);
+    mailroom::failpoint::warn_if_ignored();
     match cli.run().await {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
