@@ -2,8 +2,9 @@
 //! returning data, shared by the CLI (`mailroom dlq …`) and the HTTP API.
 //!
 //! Nothing here loses or reorders a dead letter it does not mean to touch: every operation is
-//! one [`pass`] that takes each message unacknowledged and lets the broker requeue the untouched
-//! ones in place when the pass ends, or when the process dies.
+//! one [`unacked`] pass that takes each message unacknowledged and lets the broker requeue the
+//! untouched ones in place when the pass ends, or when the process dies. The operations that act
+//! on a [`Selection`] (replay, purge, dry run) are in [`selection`].
 //!
 //! - [`DeadLetters::list`]: one [`Entry`] per message (masked recipient, class, reason, …),
 //!   filtered by a [`Filter`]; [`summarize`] counts them by kind and reason.
@@ -17,9 +18,9 @@
 //! - [`DeadLetters::purge`]: remove the selection for good.
 
 mod letter;
-mod pass;
 pub mod seal;
-mod sweep;
+mod selection;
+mod unacked;
 
 use std::collections::BTreeMap;
 
@@ -33,7 +34,7 @@ use crate::config::UrlList;
 use crate::db::{Database, Notification};
 
 pub use letter::Death;
-pub use sweep::{Preview, Progress, Report};
+pub use selection::{NotOneSelection, Preview, Progress, Report, Selection};
 
 /// One dead letter, as a listing shows it.
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -77,27 +78,6 @@ impl Filter {
                 .grep
                 .as_ref()
                 .is_none_or(|g| e.reason.contains(g.as_str()) || e.job_id.contains(g.as_str()))
-    }
-}
-
-/// Which dead letters a replay or purge takes.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Selection {
-    /// These job ids (every dead letter of each).
-    Ids(Vec<String>),
-    Kind(String),
-    Class(String),
-    All,
-}
-
-impl Selection {
-    pub fn matches(&self, e: &Entry) -> bool {
-        match self {
-            Selection::Ids(ids) => ids.contains(&e.job_id),
-            Selection::Kind(k) => *k == e.kind,
-            Selection::Class(c) => *c == e.class,
-            Selection::All => true,
-        }
     }
 }
 
@@ -214,7 +194,7 @@ impl DeadLetters {
 
     /// Every dead letter matching `filter`, in queue order; the queue is left as it was.
     pub async fn list(&self, filter: &Filter) -> anyhow::Result<Vec<Entry>> {
-        let mut pass = pass::Pass::open(&self.conn, &self.topology.dead).await?;
+        let mut pass = unacked::Pass::open(&self.conn, &self.topology.dead).await?;
         let mut entries = Vec::new();
         let mut position = 0;
         let result = async {
@@ -234,7 +214,7 @@ impl DeadLetters {
 
     /// Every dead letter of `job_id` in full, with its ledger row when `db` is given.
     pub async fn show(&self, job_id: &str, db: Option<&Database>) -> anyhow::Result<Vec<Detail>> {
-        let mut pass = pass::Pass::open(&self.conn, &self.topology.dead).await?;
+        let mut pass = unacked::Pass::open(&self.conn, &self.topology.dead).await?;
         let mut found = Vec::new();
         let mut position = 0;
         let result = async {
