@@ -5,7 +5,6 @@ use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use anyhow::Context;
 use chrono::{DateTime, Utc};
 use clap::{ArgGroup, Args, Subcommand};
 
@@ -15,7 +14,6 @@ use crate::config::SecretUrl;
 use crate::db::Database;
 use crate::dlq::seal::{self, ReplayKey};
 use crate::dlq::{DeadLetters, Filter, Progress, Report, Selection, parse_since};
-use crate::render::Templates;
 
 /// How often progress is redrawn on a terminal.
 const PROGRESS_EVERY: Duration = Duration::from_millis(100);
@@ -224,10 +222,7 @@ async fn replay_key(a: &ReplayArgs) -> anyhow::Result<ReplayKey> {
 }
 
 async fn dry_run(dlq: &DeadLetters, a: &ReplayArgs) -> anyhow::Result<()> {
-    let dir = std::path::absolute(&a.templates)
-        .with_context(|| format!("template directory {}", a.templates.display()))?;
-    let templates = Templates::load(&dir)
-        .with_context(|| format!("loading templates from {}", dir.display()))?;
+    let (_, templates) = crate::startup::load_templates(&a.templates)?;
     let db = match &a.database_url {
         Some(url) => Some(Database::connect_lazy(url, 1)?),
         None => None,
