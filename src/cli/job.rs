@@ -1,4 +1,4 @@
-//! The job described on the command line, for `publish` and `enqueue`.
+//! The job arguments `publish` and `enqueue` share, and the one validation they go through.
 
 use std::path::PathBuf;
 
@@ -9,7 +9,7 @@ use crate::door::{self, Admitted};
 use crate::job::EmailJob;
 use crate::startup;
 
-/// The job described on the command line.
+/// The job described on the command line, for `publish` and `enqueue`.
 #[derive(Debug, Args)]
 pub struct JobArgs {
     /// Template kind, e.g. welcome.

@@ -161,22 +161,13 @@ impl DeadLetters {
         templates: &Templates,
         db: Option<&Database>,
     ) -> anyhow::Result<Vec<Preview>> {
-        let mut pass = Pass::open(&self.conn, &self.topology.dead).await?;
-        let mut previews = Vec::new();
-        let mut position = 0;
-        let result = async {
-            while let Some(d) = pass.next().await? {
-                position += 1;
-                let entry = letter::entry(position, &d);
-                if selection.matches(&entry) {
-                    previews.push(preview(&entry, &d.data, templates));
-                }
-            }
-            anyhow::Ok(())
-        }
-        .await;
-        pass.close().await;
-        result?;
+        let mut previews = self
+            .read(|e, d| {
+                selection
+                    .matches(&e)
+                    .then(|| preview(&e, &d.data, templates))
+            })
+            .await?;
         if let Some(db) = db {
             for p in &mut previews {
                 let row = db

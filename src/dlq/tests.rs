@@ -139,3 +139,19 @@ fn a_replay_or_purge_names_exactly_one_selection() {
         Err(NotOneSelection)
     );
 }
+
+#[test]
+fn a_report_counts_as_left_only_the_selected_dead_letters_that_stayed() {
+    let mut report = Report {
+        examined: 4,
+        moved: 1,
+        ..Report::default()
+    };
+    report.skipped.insert("not selected".into(), 2);
+    report.skipped.insert("publish failed: closed".into(), 1);
+    assert_eq!(report.selected_left(), 1);
+    assert!(!report.found_none_of(&Selection::Ids(vec!["order-7".into()])));
+    let nothing = Report::default();
+    assert!(nothing.found_none_of(&Selection::Ids(vec!["order-7".into()])));
+    assert!(!nothing.found_none_of(&Selection::All));
+}
