@@ -2,8 +2,9 @@
 //! returning data, shared by the CLI (`mailroom dlq …`) and the HTTP API.
 //!
 //! Nothing here loses or reorders a dead letter it does not mean to touch: every operation is
-//! one [`pass`] that takes each message unacknowledged and lets the broker requeue the untouched
-//! ones in place when the pass ends, or when the process dies.
+//! one [`unacked`] pass that takes each message unacknowledged and lets the broker requeue the
+//! untouched ones in place when the pass ends, or when the process dies. The operations that act
+//! on a [`Selection`] (replay, purge, dry run) are in [`selection`].
 //!
 //! - [`DeadLetters::list`]: one [`Entry`] per message (masked recipient, class, reason, …),
 //!   filtered by a [`Filter`]; [`summarize`] counts them by kind and reason.
@@ -17,14 +18,14 @@
 //! - [`DeadLetters::purge`]: remove the selection for good.
 
 mod letter;
-mod pass;
 pub mod seal;
-mod sweep;
+mod selection;
+mod unacked;
 
 use std::collections::BTreeMap;
 
 use chrono::{DateTime, Utc};
-use lapin::Connection;
+use lapin::{Connection, message::Delivery};
 use serde::Serialize;
 use serde_json::Value;
 
@@ -33,7 +34,7 @@ use crate::config::UrlList;
 use crate::db::{Database, Notification};
 
 pub use letter::Death;
-pub use sweep::{Preview, Progress, Report};
+pub use selection::{NotOneSelection, Preview, Progress, Report, Selection};
 
 /// One dead letter, as a listing shows it.
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -77,27 +78,6 @@ impl Filter {
                 .grep
                 .as_ref()
                 .is_none_or(|g| e.reason.contains(g.as_str()) || e.job_id.contains(g.as_str()))
-    }
-}
-
-/// Which dead letters a replay or purge takes.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Selection {
-    /// These job ids (every dead letter of each).
-    Ids(Vec<String>),
-    Kind(String),
-    Class(String),
-    All,
-}
-
-impl Selection {
-    pub fn matches(&self, e: &Entry) -> bool {
-        match self {
-            Selection::Ids(ids) => ids.contains(&e.job_id),
-            Selection::Kind(k) => *k == e.kind,
-            Selection::Class(c) => *c == e.class,
-            Selection::All => true,
-        }
     }
 }
 
@@ -214,51 +194,14 @@ impl DeadLetters {
 
     /// Every dead letter matching `filter`, in queue order; the queue is left as it was.
     pub async fn list(&self, filter: &Filter) -> anyhow::Result<Vec<Entry>> {
-        let mut pass = pass::Pass::open(&self.conn, &self.topology.dead).await?;
-        let mut entries = Vec::new();
-        let mut position = 0;
-        let result = async {
-            while let Some(d) = pass.next().await? {
-                position += 1;
-                let e = letter::entry(position, &d);
-                if filter.matches(&e) {
-                    entries.push(e);
-                }
-            }
-            anyhow::Ok(())
-        }
-        .await;
-        pass.close().await;
-        result.map(|()| entries)
+        self.read(|e, _| filter.matches(&e).then_some(e)).await
     }
 
     /// Every dead letter of `job_id` in full, with its ledger row when `db` is given.
     pub async fn show(&self, job_id: &str, db: Option<&Database>) -> anyhow::Result<Vec<Detail>> {
-        let mut pass = pass::Pass::open(&self.conn, &self.topology.dead).await?;
-        let mut found = Vec::new();
-        let mut position = 0;
-        let result = async {
-            while let Some(d) = pass.next().await? {
-                position += 1;
-                let entry = letter::entry(position, &d);
-                if entry.job_id == job_id {
-                    found.push(Detail {
-                        job: serde_json::from_slice(&d.data).unwrap_or_else(|_| {
-                            Value::String(String::from_utf8_lossy(&d.data).into_owned())
-                        }),
-                        headers: letter::headers_json(&d.properties),
-                        deaths: letter::deaths(&d.properties),
-                        routing_key: d.routing_key.to_string(),
-                        notification: None,
-                        entry,
-                    });
-                }
-            }
-            anyhow::Ok(())
-        }
-        .await;
-        pass.close().await;
-        result?;
+        let mut found = self
+            .read(|entry, d| (entry.job_id == job_id).then(|| detail(entry, d)))
+            .await?;
         if let Some(db) = db {
             for detail in &mut found {
                 let e = &detail.entry;
@@ -268,9 +211,43 @@ impl DeadLetters {
         Ok(found)
     }
 
+    /// One [`unacked`] pass over the queue, in order, keeping what `keep` makes of each dead
+    /// letter; the queue is left as it was.
+    async fn read<T>(
+        &self,
+        mut keep: impl FnMut(Entry, &Delivery) -> Option<T>,
+    ) -> anyhow::Result<Vec<T>> {
+        let mut pass = unacked::Pass::open(&self.conn, &self.topology.dead).await?;
+        let mut kept = Vec::new();
+        let mut position = 0;
+        let result = async {
+            while let Some(d) = pass.next().await? {
+                position += 1;
+                kept.extend(keep(letter::entry(position, &d), &d));
+            }
+            anyhow::Ok(())
+        }
+        .await;
+        pass.close().await;
+        result.map(|()| kept)
+    }
+
     /// Closes the connection.
     pub async fn close(self) {
         let _ = self.conn.close(200, "done".into()).await;
+    }
+}
+
+/// One dead letter in full, its ledger row not read yet.
+fn detail(entry: Entry, d: &Delivery) -> Detail {
+    Detail {
+        job: serde_json::from_slice(&d.data)
+            .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&d.data).into_owned())),
+        headers: letter::headers_json(&d.properties),
+        deaths: letter::deaths(&d.properties),
+        routing_key: d.routing_key.to_string(),
+        notification: None,
+        entry,
     }
 }
 

@@ -12,6 +12,7 @@
 //! - [`smtp`]: MIME building, the deterministic Message-ID, sending and error classes;
 //! - [`dlq`]: the dead-letter queue: list, show, replay, purge;
 //! - [`http`], [`metrics`], [`status`]: the HTTP API, `/metrics`, a job's state;
+//! - [`startup`]: each process (worker, relay, HTTP API, all three) built from its settings;
 //! - [`config`], [`cli`], [`telemetry`], [`shutdown`]: the process around them;
 //! - [`failpoint`]: crash points for the fault tests.
 
@@ -29,6 +30,7 @@ pub mod relay;
 pub mod render;
 pub mod shutdown;
 pub mod smtp;
+pub mod startup;
 pub mod status;
 pub mod telemetry;
 pub mod worker;

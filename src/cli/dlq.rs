@@ -5,7 +5,6 @@ use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use anyhow::Context;
 use chrono::{DateTime, Utc};
 use clap::{ArgGroup, Args, Subcommand};
 
@@ -15,7 +14,6 @@ use crate::config::SecretUrl;
 use crate::db::Database;
 use crate::dlq::seal::{self, ReplayKey};
 use crate::dlq::{DeadLetters, Filter, Progress, Report, Selection, parse_since};
-use crate::render::Templates;
 
 /// How often progress is redrawn on a terminal.
 const PROGRESS_EVERY: Duration = Duration::from_millis(100);
@@ -125,13 +123,19 @@ pub struct PurgeArgs {
     pub json: bool,
 }
 
-fn selection(ids: &[String], kind: &Option<String>, class: &Option<String>) -> Selection {
-    match (kind, class) {
-        (Some(k), _) => Selection::Kind(k.clone()),
-        (None, Some(c)) => Selection::Class(c.clone()),
-        _ if !ids.is_empty() => Selection::Ids(ids.to_vec()),
-        _ => Selection::All,
-    }
+/// The selection of a replay or purge; clap's argument group already lets exactly one through.
+fn selection(
+    ids: &[String],
+    kind: &Option<String>,
+    class: &Option<String>,
+    all: bool,
+) -> anyhow::Result<Selection> {
+    Ok(Selection::one_of(
+        ids.to_vec(),
+        kind.clone(),
+        class.clone(),
+        all,
+    )?)
 }
 
 impl DlqArgs {
@@ -196,7 +200,7 @@ async fn show(dlq: &DeadLetters, a: &ShowArgs) -> anyhow::Result<()> {
 }
 
 async fn replay(dlq: &DeadLetters, a: &ReplayArgs, key: &ReplayKey) -> anyhow::Result<()> {
-    let sel = selection(&a.ids, &a.kind, &a.class);
+    let sel = selection(&a.ids, &a.kind, &a.class, a.all)?;
     let report = dlq.replay(&sel, key, &mut progress("replaying")).await;
     finish(dlq, &sel, report, a.json)
 }
@@ -218,15 +222,12 @@ async fn replay_key(a: &ReplayArgs) -> anyhow::Result<ReplayKey> {
 }
 
 async fn dry_run(dlq: &DeadLetters, a: &ReplayArgs) -> anyhow::Result<()> {
-    let dir = std::path::absolute(&a.templates)
-        .with_context(|| format!("template directory {}", a.templates.display()))?;
-    let templates = Templates::load(&dir)
-        .with_context(|| format!("loading templates from {}", dir.display()))?;
+    let (_, templates) = crate::startup::load_templates(&a.templates)?;
     let db = match &a.database_url {
         Some(url) => Some(Database::connect_lazy(url, 1)?),
         None => None,
     };
-    let sel = selection(&a.ids, &a.kind, &a.class);
+    let sel = selection(&a.ids, &a.kind, &a.class, a.all)?;
     let previews = dlq.dry_run(&sel, &templates, db.as_ref()).await;
     if let Some(db) = db {
         db.close().await;
@@ -246,7 +247,7 @@ async fn purge(dlq: &DeadLetters, a: &PurgeArgs) -> anyhow::Result<()> {
             dlq.dead_queue()
         );
     }
-    let sel = selection(&a.ids, &a.kind, &None);
+    let sel = selection(&a.ids, &a.kind, &None, a.all)?;
     let report = dlq.purge(&sel, &mut progress("purging")).await;
     finish(dlq, &sel, report, a.json)
 }
@@ -270,19 +271,14 @@ fn finish(
             dlq.dead_queue()
         );
     }
-    let failed: usize = report
-        .skipped
-        .iter()
-        .filter(|(why, _)| why.as_str() != "not selected")
-        .map(|(_, n)| n)
-        .sum();
+    let failed = report.selected_left();
     if failed > 0 {
         anyhow::bail!(
             "{failed} selected dead letters stay in {}",
             dlq.dead_queue()
         );
     }
-    if matches!(sel, Selection::Ids(_)) && report.moved + report.purged == 0 {
+    if report.found_none_of(sel) {
         anyhow::bail!("no dead letter with those job ids in {}", dlq.dead_queue());
     }
     Ok(())
@@ -301,24 +297,5 @@ fn progress(what: &'static str) -> impl FnMut(Progress) {
             }
             last = Some(Instant::now());
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn since_reads_a_duration_ago_or_an_rfc3339_time() {
-        let two_hours_ago = parse_since("2h").unwrap();
-        let delta = Utc::now() - two_hours_ago;
-        assert!((delta.num_seconds() - 7200).abs() < 5, "{delta}");
-        assert_eq!(
-            parse_since("2026-11-30T12:00:00+01:00")
-                .unwrap()
-                .to_rfc3339(),
-            "2026-11-30T11:00:00+00:00"
-        );
-        assert!(parse_since("yesterday").is_err());
     }
 }

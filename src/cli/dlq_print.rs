@@ -1,11 +1,11 @@
 //! How `mailroom dlq` prints: one aligned line per dead letter for humans, pretty JSON for
 //! scripts. Rows are built as text first so columns can be sized to their widest cell.
 
-use std::fmt::Write as _;
+use std::fmt::{self, Write as _};
 
 use serde::Serialize;
 
-use crate::dlq::{Detail, Entry, Preview, Report, Summary};
+use crate::dlq::{Detail, Entry, Preview, Report, Row, Summary};
 
 /// Longest reason shown in a listing; `show` has the whole text.
 const MAX_REASON: usize = 160;
@@ -86,15 +86,28 @@ pub(super) fn details(details: &[Detail]) -> anyhow::Result<()> {
 }
 
 fn detail(d: &Detail) -> anyhow::Result<String> {
-    let e = &d.entry;
     let mut out = String::new();
+    entry_lines(&mut out, d)?;
+    header_lines(&mut out, d)?;
+    ledger_lines(&mut out, d.notification.as_ref())?;
+    writeln!(out, "job:\n{}", serde_json::to_string_pretty(&d.job)?)?;
+    Ok(out)
+}
+
+/// Who the dead letter was for, and why it died.
+fn entry_lines(out: &mut String, d: &Detail) -> fmt::Result {
+    let e = &d.entry;
     writeln!(out, "job id       {}", e.job_id)?;
     writeln!(out, "kind         {}", e.kind)?;
     writeln!(out, "position     {} in the queue", e.position)?;
     writeln!(out, "to           {}", e.recipient)?;
     writeln!(out, "class        {}", e.class)?;
     writeln!(out, "reason       {}", e.reason)?;
-    writeln!(out, "routing key  {}", d.routing_key)?;
+    writeln!(out, "routing key  {}", d.routing_key)
+}
+
+/// Every header, `x-death` parsed, one line per death.
+fn header_lines(out: &mut String, d: &Detail) -> fmt::Result {
     writeln!(out, "headers:")?;
     for (name, value) in d.headers.iter().filter(|(n, _)| n.as_str() != "x-death") {
         writeln!(out, "  {name}: {}", compact(value))?;
@@ -107,29 +120,30 @@ fn detail(d: &Detail) -> anyhow::Result<String> {
             death.reason, death.queue, death.exchange, death.routing_keys, death.count
         )?;
     }
-    match &d.notification {
-        None => writeln!(out, "sent_notifications: no row (never claimed)")?,
-        Some(r) => {
-            writeln!(out, "sent_notifications:")?;
-            writeln!(out, "  status      {} (attempts: {})", r.status, r.attempts)?;
-            writeln!(out, "  message id  {}", r.message_id)?;
-            let none = || "-".to_string();
-            writeln!(
-                out,
-                "  smtp reply  {}",
-                r.smtp_reply.clone().unwrap_or_else(none)
-            )?;
-            writeln!(
-                out,
-                "  last error  {}",
-                r.last_error.clone().unwrap_or_else(none)
-            )?;
-            writeln!(out, "  created     {}", r.created_at.to_rfc3339())?;
-            writeln!(out, "  updated     {}", r.updated_at.to_rfc3339())?;
-        }
-    }
-    writeln!(out, "job:\n{}", serde_json::to_string_pretty(&d.job)?)?;
-    Ok(out)
+    Ok(())
+}
+
+/// The job's ledger row, or that it has none.
+fn ledger_lines(out: &mut String, row: Option<&Row>) -> fmt::Result {
+    let Some(r) = row else {
+        return writeln!(out, "sent_notifications: no row (never claimed)");
+    };
+    writeln!(out, "sent_notifications:")?;
+    writeln!(out, "  status      {} (attempts: {})", r.status, r.attempts)?;
+    writeln!(out, "  message id  {}", r.message_id)?;
+    let none = || "-".to_string();
+    writeln!(
+        out,
+        "  smtp reply  {}",
+        r.smtp_reply.clone().unwrap_or_else(none)
+    )?;
+    writeln!(
+        out,
+        "  last error  {}",
+        r.last_error.clone().unwrap_or_else(none)
+    )?;
+    writeln!(out, "  created     {}", r.created_at.to_rfc3339())?;
+    writeln!(out, "  updated     {}", r.updated_at.to_rfc3339())
 }
 
 pub(super) fn previews(previews: &[Preview]) -> anyhow::Result<()> {

@@ -9,7 +9,8 @@ use clap::{Args, Subcommand, ValueEnum};
 use lettre::message::Mailbox;
 
 use crate::job::EmailJob;
-use crate::render::{RenderedEmail, Templates};
+use crate::render::RenderedEmail;
+use crate::startup::load_templates;
 
 #[derive(Debug, Args)]
 pub struct TemplatesArgs {
@@ -85,14 +86,8 @@ impl TemplatesArgs {
     }
 }
 
-fn load(dir: &Path) -> anyhow::Result<Templates> {
-    let dir = std::path::absolute(dir)
-        .with_context(|| format!("template directory {}", dir.display()))?;
-    Ok(Templates::load(&dir)?)
-}
-
 fn check(dir: &Path) -> anyhow::Result<()> {
-    let templates = load(dir).context("templates check failed")?;
+    let (_, templates) = load_templates(dir).context("templates check failed")?;
     for kind in templates.kinds() {
         println!("ok  {kind}");
     }
@@ -105,7 +100,7 @@ fn check(dir: &Path) -> anyhow::Result<()> {
 }
 
 fn preview(a: &PreviewArgs) -> anyhow::Result<()> {
-    let templates = load(&a.templates)?;
+    let (_, templates) = load_templates(&a.templates)?;
     let data = match &a.data {
         Some(path) => {
             let text = std::fs::read_to_string(path)

@@ -91,3 +91,67 @@ fn a_summary_counts_by_kind_and_by_reason_most_frequent_first() {
     assert_eq!(s.by_reason[0].count, 2);
     assert_eq!(s.by_reason[1].class, "rejected");
 }
+
+#[test]
+fn since_reads_a_duration_ago_or_an_rfc3339_time() {
+    let two_hours_ago = parse_since("2h").unwrap();
+    let delta = Utc::now() - two_hours_ago;
+    assert!((delta.num_seconds() - 7200).abs() < 5, "{delta}");
+    assert_eq!(
+        parse_since("2026-11-30T12:00:00+01:00")
+            .unwrap()
+            .to_rfc3339(),
+        "2026-11-30T11:00:00+00:00"
+    );
+    assert!(parse_since("yesterday").is_err());
+}
+
+#[test]
+fn a_replay_or_purge_names_exactly_one_selection() {
+    let ids = || vec!["order-7".to_string()];
+    let kind = || Some("welcome".to_string());
+    assert_eq!(
+        Selection::one_of(ids(), None, None, false),
+        Ok(Selection::Ids(ids()))
+    );
+    assert_eq!(
+        Selection::one_of(vec![], kind(), None, false),
+        Ok(Selection::Kind("welcome".into()))
+    );
+    assert_eq!(
+        Selection::one_of(vec![], None, Some("template".into()), false),
+        Ok(Selection::Class("template".into()))
+    );
+    assert_eq!(
+        Selection::one_of(vec![], None, None, true),
+        Ok(Selection::All)
+    );
+    assert_eq!(
+        Selection::one_of(vec![], None, None, false),
+        Err(NotOneSelection)
+    );
+    assert_eq!(
+        Selection::one_of(ids(), kind(), None, false),
+        Err(NotOneSelection)
+    );
+    assert_eq!(
+        Selection::one_of(vec![], kind(), None, true),
+        Err(NotOneSelection)
+    );
+}
+
+#[test]
+fn a_report_counts_as_left_only_the_selected_dead_letters_that_stayed() {
+    let mut report = Report {
+        examined: 4,
+        moved: 1,
+        ..Report::default()
+    };
+    report.skipped.insert("not selected".into(), 2);
+    report.skipped.insert("publish failed: closed".into(), 1);
+    assert_eq!(report.selected_left(), 1);
+    assert!(!report.found_none_of(&Selection::Ids(vec!["order-7".into()])));
+    let nothing = Report::default();
+    assert!(nothing.found_none_of(&Selection::Ids(vec!["order-7".into()])));
+    assert!(!nothing.found_none_of(&Selection::All));
+}

@@ -52,30 +52,9 @@ pub(super) struct SelectionBody {
     dry_run: bool,
 }
 
-impl SelectionBody {
-    /// The one selection named, or why the body names none or several.
-    fn selection(&self) -> Result<Selection, &'static str> {
-        let chosen = [
-            !self.ids.is_empty(),
-            self.kind.is_some(),
-            self.class.is_some(),
-            self.all,
-        ];
-        if chosen.iter().filter(|c| **c).count() != 1 {
-            return Err("name exactly one selection: ids, kind, class or all");
-        }
-        Ok(match (&self.kind, &self.class) {
-            (Some(k), _) => Selection::Kind(k.clone()),
-            (_, Some(c)) => Selection::Class(c.clone()),
-            _ if self.all => Selection::All,
-            _ => Selection::Ids(self.ids.clone()),
-        })
-    }
-}
-
 /// The body as JSON whatever its Content-Type (`curl -d` sends a form type), as `/v1/emails`,
-/// and the one selection it names.
-fn parse(body: &[u8]) -> Result<(SelectionBody, Selection), Box<Response>> {
+/// and the one selection it names; whether it asks for a dry run.
+fn parse(body: &[u8]) -> Result<(bool, Selection), Box<Response>> {
     let body: SelectionBody = serde_json::from_slice(body).map_err(|e| {
         Box::new(error(
             StatusCode::BAD_REQUEST,
@@ -83,10 +62,9 @@ fn parse(body: &[u8]) -> Result<(SelectionBody, Selection), Box<Response>> {
             &format!("body is not a selection: {e}"),
         ))
     })?;
-    let selection = body
-        .selection()
-        .map_err(|why| Box::new(error(StatusCode::BAD_REQUEST, None, why)))?;
-    Ok((body, selection))
+    let selection = Selection::one_of(body.ids, body.kind, body.class, body.all)
+        .map_err(|why| Box::new(error(StatusCode::BAD_REQUEST, None, &why.to_string())))?;
+    Ok((body.dry_run, selection))
 }
 
 async fn connect(state: &ApiState) -> anyhow::Result<DeadLetters> {
@@ -147,11 +125,11 @@ pub(super) async fn show(
 }
 
 pub(super) async fn replay(State(state): State<Arc<ApiState>>, body: Bytes) -> Response {
-    let (body, selection) = match parse(&body) {
+    let (dry_run, selection) = match parse(&body) {
         Ok(parsed) => parsed,
         Err(r) => return *r,
     };
-    let templates = match (&state.templates, body.dry_run) {
+    let templates = match (&state.templates, dry_run) {
         (None, true) => {
             return error(
                 StatusCode::BAD_REQUEST,
@@ -166,7 +144,7 @@ pub(super) async fn replay(State(state): State<Arc<ApiState>>, body: Bytes) -> R
         Err(e) => return unavailable(&e),
     };
     let response = match templates {
-        Some(t) if body.dry_run => match dlq.dry_run(&selection, &t, Some(&state.db)).await {
+        Some(t) if dry_run => match dlq.dry_run(&selection, &t, Some(&state.db)).await {
             Ok(previews) => Json(previews).into_response(),
             Err(e) => unavailable(&e),
         },
@@ -180,11 +158,11 @@ pub(super) async fn replay(State(state): State<Arc<ApiState>>, body: Bytes) -> R
 }
 
 pub(super) async fn purge(State(state): State<Arc<ApiState>>, body: Bytes) -> Response {
-    let (body, selection) = match parse(&body) {
+    let (dry_run, selection) = match parse(&body) {
         Ok(parsed) => parsed,
         Err(r) => return *r,
     };
-    if body.dry_run {
+    if dry_run {
         return error(
             StatusCode::BAD_REQUEST,
             Some("dry_run"),
@@ -206,15 +184,9 @@ fn finish(selection: &Selection, report: anyhow::Result<Report>) -> Response {
         Ok(r) => r,
         Err(e) => return unavailable(&e),
     };
-    let left: usize = report
-        .skipped
-        .iter()
-        .filter(|(why, _)| why.as_str() != "not selected")
-        .map(|(_, n)| n)
-        .sum();
-    let code = if report.interrupted.is_some() || left > 0 {
+    let code = if report.interrupted.is_some() || report.selected_left() > 0 {
         StatusCode::BAD_GATEWAY
-    } else if matches!(selection, Selection::Ids(_)) && report.moved + report.purged == 0 {
+    } else if report.found_none_of(selection) {
         StatusCode::NOT_FOUND
     } else {
         StatusCode::OK

@@ -30,7 +30,7 @@ use serde_json::{Value, json};
 
 use super::{ApiState, encode};
 use crate::db::outbox::{self, Enqueued};
-use crate::door;
+use crate::door::{self, Admitted};
 use crate::job::{EmailJob, JobError, MAX_JOB_BYTES};
 
 /// An RFC 9457 problem, with the field to fix when there is one.
@@ -97,19 +97,37 @@ pub(super) async fn enqueue(
     }
 }
 
+/// The steps of the door: read the job, admit it, write it, answer where to poll.
 async fn admit_and_write(
     state: &ApiState,
     headers: &HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, Problem> {
-    let value = read_body(body)?;
-    let job = job_of(value, headers)?;
+    let job = job_of(read_body(body)?, headers)?;
+    let admitted = admit(state, &job)?;
+    let done = write(state, &admitted).await?;
+    let job = admitted.job();
+    if done == Enqueued::AlreadyQueued {
+        check_retry(state, job, headers).await?;
+    }
+    if let (Enqueued::New(_), Some(wake)) = (done, &state.relay_wake) {
+        wake.notify_one();
+    }
+    Ok(accepted(job, done == Enqueued::AlreadyQueued))
+}
+
+/// The one validation ([`outbox::admit_for_outbox`]), against the live templates when the
+/// server has them.
+fn admit(state: &ApiState, job: &EmailJob) -> Result<Admitted, Problem> {
     let templates = state.templates.as_ref().map(|t| t.current());
-    let admitted =
-        outbox::admit_for_outbox(&job, templates.as_deref()).map_err(|e| Problem::invalid(&e))?;
-    let done = state
+    outbox::admit_for_outbox(job, templates.as_deref()).map_err(|e| Problem::invalid(&e))
+}
+
+/// Writes the job to the outbox; nothing when its key is there already.
+async fn write(state: &ApiState, admitted: &Admitted) -> Result<Enqueued, Problem> {
+    state
         .db
-        .enqueue_admitted(&admitted)
+        .enqueue_admitted(admitted)
         .await
         .map_err(|e| Problem {
             status: StatusCode::SERVICE_UNAVAILABLE,
@@ -117,32 +135,33 @@ async fn admit_and_write(
             title: "The database is unavailable",
             detail: format!("database unavailable: {e}"),
             field: None,
-        })?;
-    let job = admitted.job();
-    if done == Enqueued::AlreadyQueued {
-        check_same_request(state, job)
-            .await
-            .map_err(|mut problem| {
-                if !headers.contains_key("idempotency-key") {
-                    problem.field = Some("job_id".into());
-                }
-                problem
-            })?;
-    }
-    if let (Enqueued::New(_), Some(wake)) = (done, &state.relay_wake) {
-        wake.notify_one();
-    }
+        })
+}
+
+/// A key already queued: [`check_same_request`], naming the field that carried the key (the
+/// header, or the body's `job_id`).
+async fn check_retry(state: &ApiState, job: &EmailJob, headers: &HeaderMap) -> Result<(), Problem> {
+    check_same_request(state, job).await.map_err(|mut problem| {
+        if !headers.contains_key("idempotency-key") {
+            problem.field = Some("job_id".into());
+        }
+        problem
+    })
+}
+
+/// `202 Accepted`, with the job's status URL in `Location` and in the body.
+fn accepted(job: &EmailJob, duplicate: bool) -> Response {
     let location = format!("/v1/emails/{}/{}", encode(&job.job_id), encode(&job.kind));
     let body = json!({
         "job_id": job.job_id, "kind": job.kind,
-        "duplicate": done == Enqueued::AlreadyQueued, "status_url": location,
+        "duplicate": duplicate, "status_url": location,
     });
-    Ok((
+    (
         StatusCode::ACCEPTED,
         [(header::LOCATION, location)],
         Json(body),
     )
-        .into_response())
+        .into_response()
 }
 
 /// The body as JSON: 413 past the job limit (axum's body limit is set to it), 400 when not JSON.

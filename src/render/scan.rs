@@ -92,25 +92,7 @@ fn scan_kind(name: String, dir: PathBuf) -> Result<KindDir, TemplateError> {
         let why = "a template folder name is 1 to 64 characters of A-Z, a-z, 0-9, '_' or '-'";
         return Err(invalid(dir, why));
     }
-    let mut parts = Vec::new();
-    let mut sample = None;
-    for (file, path) in entries(&dir)? {
-        if path.is_dir() {
-            let why = "sub-folders are not supported in a template folder";
-            return Err(invalid(path, why));
-        }
-        let rel = format!("{name}/{file}");
-        if file == "sample.json" {
-            sample = Some(read(rel, path)?);
-        } else if file.ends_with(".hbs") {
-            let Some((part, locale)) = parse_file_name(&file) else {
-                let why = "expected subject.hbs, html.hbs or text.hbs, optionally with a locale \
-                           such as html.fr.hbs or html.pt-BR.hbs";
-                return Err(invalid(path, why));
-            };
-            parts.push((part, locale, read(rel, path)?));
-        }
-    }
+    let (parts, sample) = read_kind_files(&name, &dir)?;
     let missing = |file| TemplateError::MissingFile {
         dir: dir.clone(),
         file,
@@ -129,6 +111,34 @@ fn scan_kind(name: String, dir: PathBuf) -> Result<KindDir, TemplateError> {
         parts,
         sample,
     })
+}
+
+/// A kind folder's templates (part, lowercased locale, text) and its sample, if any.
+type KindFiles = (Vec<(Part, Option<String>, Source)>, Option<Source>);
+
+/// The templates and the `sample.json` of the kind folder `dir`, each read; a sub-folder or a
+/// `.hbs` file of another name is refused.
+fn read_kind_files(name: &str, dir: &Path) -> Result<KindFiles, TemplateError> {
+    let mut parts = Vec::new();
+    let mut sample = None;
+    for (file, path) in entries(dir)? {
+        if path.is_dir() {
+            let why = "sub-folders are not supported in a template folder";
+            return Err(invalid(path, why));
+        }
+        let rel = format!("{name}/{file}");
+        if file == "sample.json" {
+            sample = Some(read(rel, path)?);
+        } else if file.ends_with(".hbs") {
+            let Some((part, locale)) = parse_file_name(&file) else {
+                let why = "expected subject.hbs, html.hbs or text.hbs, optionally with a locale \
+                           such as html.fr.hbs or html.pt-BR.hbs";
+                return Err(invalid(path, why));
+            };
+            parts.push((part, locale, read(rel, path)?));
+        }
+    }
+    Ok((parts, sample))
 }
 
 /// `html.pt-BR.hbs` → `(Html, Some("pt-br"))`.

@@ -1,5 +1,6 @@
-//! Replay, purge and dry run: passes that act on a [`Selection`] and leave every other dead
-//! letter where it was. A replay publishes a copy with confirms *before* it removes the dead
+//! The operations on a [`Selection`]: replay, purge and dry run, each one pass over the queue
+//! that acts on the selected dead letters and leaves every other one where it was. The selection
+//! is built here once, for the CLI and the HTTP API alike ([`Selection::one_of`]). A replay publishes a copy with confirms *before* it removes the dead
 //! letter, so a crash in between leaves the job in both places (the claim deduplicates), never in
 //! neither.
 
@@ -10,11 +11,61 @@ use lapin::{Channel, message::Delivery};
 use serde::Serialize;
 
 use super::seal::{self, ReplayKey};
-use super::{DeadLetters, Entry, Selection, letter, pass::Pass};
+use super::{DeadLetters, Entry, letter, unacked::Pass};
 use crate::broker;
 use crate::db::Database;
 use crate::job::{EmailJob, mask_email};
 use crate::render::Templates;
+
+/// Which dead letters a replay or purge takes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Selection {
+    /// These job ids (every dead letter of each).
+    Ids(Vec<String>),
+    Kind(String),
+    Class(String),
+    All,
+}
+
+/// A replay or purge must name exactly one selection.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("name exactly one selection: ids, kind, class or all")]
+pub struct NotOneSelection;
+
+impl Selection {
+    /// The one selection named, as `mailroom dlq replay|purge` and `/v1/dlq/replay|purge` take
+    /// it: job ids, a kind, a class, or all. Naming none, or several, is refused.
+    pub fn one_of(
+        ids: Vec<String>,
+        kind: Option<String>,
+        class: Option<String>,
+        all: bool,
+    ) -> Result<Selection, NotOneSelection> {
+        let named = [!ids.is_empty(), kind.is_some(), class.is_some(), all];
+        if named.iter().filter(|n| **n).count() != 1 {
+            return Err(NotOneSelection);
+        }
+        Ok(match (kind, class) {
+            (Some(k), _) => Selection::Kind(k),
+            (_, Some(c)) => Selection::Class(c),
+            _ if all => Selection::All,
+            _ => Selection::Ids(ids),
+        })
+    }
+
+    pub fn matches(&self, e: &Entry) -> bool {
+        match self {
+            Selection::Ids(ids) => ids.contains(&e.job_id),
+            Selection::Kind(k) => *k == e.kind,
+            Selection::Class(c) => *c == e.class,
+            Selection::All => true,
+        }
+    }
+}
+
+/// Why a dead letter was left alone because the selection did not take it; every other reason
+/// in [`Report::skipped`] is a selected dead letter that stays in the queue.
+const NOT_SELECTED: &str = "not selected";
 
 /// What a replay or purge did.
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
@@ -31,6 +82,21 @@ pub struct Report {
 }
 
 impl Report {
+    /// Selected dead letters that stay in the queue (a publish failed), the unselected ones not
+    /// counted.
+    pub fn selected_left(&self) -> usize {
+        self.skipped
+            .iter()
+            .filter(|(why, _)| why.as_str() != NOT_SELECTED)
+            .map(|(_, n)| n)
+            .sum()
+    }
+
+    /// Whether `selection` named job ids and none of them was found.
+    pub fn found_none_of(&self, selection: &Selection) -> bool {
+        matches!(selection, Selection::Ids(_)) && self.moved + self.purged == 0
+    }
+
     fn skip(&mut self, why: impl Into<String>) {
         *self.skipped.entry(why.into()).or_default() += 1;
     }
@@ -95,22 +161,13 @@ impl DeadLetters {
         templates: &Templates,
         db: Option<&Database>,
     ) -> anyhow::Result<Vec<Preview>> {
-        let mut pass = Pass::open(&self.conn, &self.topology.dead).await?;
-        let mut previews = Vec::new();
-        let mut position = 0;
-        let result = async {
-            while let Some(d) = pass.next().await? {
-                position += 1;
-                let entry = letter::entry(position, &d);
-                if selection.matches(&entry) {
-                    previews.push(preview(&entry, &d.data, templates));
-                }
-            }
-            anyhow::Ok(())
-        }
-        .await;
-        pass.close().await;
-        result?;
+        let mut previews = self
+            .read(|e, d| {
+                selection
+                    .matches(&e)
+                    .then(|| preview(&e, &d.data, templates))
+            })
+            .await?;
         if let Some(db) = db {
             for p in &mut previews {
                 let row = db
@@ -143,7 +200,7 @@ impl DeadLetters {
                 report.examined += 1;
                 let entry = letter::entry(report.examined, &d);
                 if !selection.matches(&entry) {
-                    report.skip("not selected");
+                    report.skip(NOT_SELECTED);
                 } else if let (Some(publisher), Action::Replay(key)) = (publisher.as_mut(), action)
                 {
                     self.move_one(publisher, key, &pass, &d, &entry, &mut report)

@@ -1,0 +1,85 @@
+//! `mailroom relay`: its arguments, parsed into [`RelayConfig`].
+
+use std::time::Duration;
+
+use clap::Args;
+
+use super::{BrokerArgs, DatabaseArgs, MetricsOptions};
+use crate::config;
+use crate::relay::Relay;
+use crate::startup::{self, RelayConfig, RelayTuning};
+
+#[derive(Debug, Args)]
+pub struct RelayOptions {
+    /// Outbox rows claimed, published and marked per batch.
+    #[arg(long, env = "MAILROOM_RELAY_BATCH", default_value_t = 500)]
+    pub relay_batch: i64,
+    /// Bytes of message bodies per batch at most (a batch is cut there; one row always goes).
+    #[arg(long, env = "MAILROOM_RELAY_BATCH_BYTES", default_value_t = crate::relay::DEFAULT_BATCH_BYTES)]
+    pub relay_batch_bytes: usize,
+    /// PostgreSQL: the longest wait between probes of an idle outbox (covers notifications lost
+    /// while the listener reconnects); LISTEN/NOTIFY wakes an idle relay at once.
+    #[arg(long, env = "MAILROOM_RELAY_POLL", default_value = "5s", value_parser = config::parse_duration)]
+    pub relay_poll: Duration,
+    /// The wait between lock-free probes of the outbox while rows keep coming; it doubles while
+    /// none do, up to --relay-poll (PostgreSQL) or --relay-poll-max (MySQL/MariaDB).
+    #[arg(long, env = "MAILROOM_RELAY_POLL_MIN", default_value = "10ms", value_parser = config::parse_duration)]
+    pub relay_poll_min: Duration,
+    /// MySQL/MariaDB: the longest wait between polls of an idle outbox, i.e. the most latency
+    /// the poll adds and one lock-free query per interval.
+    #[arg(long, env = "MAILROOM_RELAY_POLL_MAX", default_value = "1s", value_parser = config::parse_duration)]
+    pub relay_poll_max: Duration,
+    /// Published outbox rows older than this are deleted (in batches of 1,000).
+    #[arg(long, env = "MAILROOM_OUTBOX_RETENTION", default_value = "7d", value_parser = config::parse_duration)]
+    pub outbox_retention: Duration,
+}
+
+impl RelayOptions {
+    /// The settings these arguments give (shared with `run`).
+    pub fn tuning(&self) -> RelayTuning {
+        RelayTuning {
+            batch: self.relay_batch,
+            batch_bytes: self.relay_batch_bytes,
+            poll: self.relay_poll,
+            poll_min: self.relay_poll_min,
+            poll_max: self.relay_poll_max,
+            outbox_retention: self.outbox_retention,
+        }
+    }
+}
+
+#[derive(Debug, Args)]
+pub struct RelayArgs {
+    #[command(flatten)]
+    pub db: DatabaseArgs,
+    #[command(flatten)]
+    pub broker: BrokerArgs,
+    #[command(flatten)]
+    pub relay: RelayOptions,
+    #[command(flatten)]
+    pub metrics: MetricsOptions,
+}
+
+impl RelayArgs {
+    /// The settings these arguments give.
+    pub fn config(&self) -> RelayConfig {
+        RelayConfig {
+            database_url: self.db.database_url.clone(),
+            broker: self.broker.config(),
+            relay: self.relay.tuning(),
+            metrics_addr: self.metrics.metrics_addr,
+        }
+    }
+
+    /// Builds the relay these options describe ([`startup::build_relay`]).
+    pub fn build(&self) -> anyhow::Result<Relay> {
+        let config = self.config();
+        startup::build_relay(&config.database_url, &config.broker, &config.relay)
+    }
+
+    /// Runs the relay until SIGTERM/SIGINT ([`startup::run_relay`]).
+    pub async fn run(&self) -> anyhow::Result<()> {
+        let shutdown = crate::shutdown::on_signals()?;
+        startup::run_relay(&self.config(), shutdown).await
+    }
+}

@@ -1,0 +1,113 @@
+//! `mailroom worker`: its arguments, parsed into [`WorkerConfig`].
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::Args;
+use lettre::message::Mailbox;
+
+use super::{BrokerArgs, DatabaseArgs, MetricsOptions};
+use crate::config::{self, OnUncertain, SecretUrl};
+use crate::startup::{self, WorkerConfig};
+use crate::worker::Worker;
+
+#[derive(Debug, Args)]
+pub struct WorkerArgs {
+    #[command(flatten)]
+    pub db: DatabaseArgs,
+    #[command(flatten)]
+    pub broker: BrokerArgs,
+    /// SMTP server: smtp://host:25 (plain, loopback only), smtp://user:pass@host:587?tls=required
+    /// (STARTTLS), smtps://user:pass@host:465 (implicit TLS), or file:///dir to write .eml files.
+    /// A password goes only over smtps:// or tls=required (loopback excepted).
+    #[arg(long, env = "SMTP_URL", hide_env_values = true)]
+    pub smtp_url: SecretUrl,
+    /// Sender mailbox, e.g. "Shop <noreply@shop.example>".
+    #[arg(long, env = "MAILROOM_FROM")]
+    pub from: Mailbox,
+    /// Right-hand side of the Message-ID <job_id.kind@DOMAIN> (default: the domain of --from).
+    #[arg(long, env = "MAILROOM_MESSAGE_ID_DOMAIN")]
+    pub message_id_domain: Option<String>,
+    /// Template directory (templates/<kind>/subject.hbs, html.hbs, text.hbs, sample.json).
+    #[arg(long, env = "MAILROOM_TEMPLATES", default_value = "./templates")]
+    pub templates: PathBuf,
+    /// When an email may have been accepted but the result was not recorded: resend (a rare
+    /// duplicate, same Message-ID) or dead-letter (a rare loss; a human decides).
+    #[arg(
+        long,
+        env = "MAILROOM_ON_UNCERTAIN",
+        default_value = "resend",
+        value_enum
+    )]
+    pub on_uncertain: OnUncertain,
+    /// Claim lease: how long a claimed job is exclusive. At least --smtp-timeout plus 2s (to
+    /// claim, record the result and keep a margin); checked at startup.
+    #[arg(long, env = "MAILROOM_LEASE", default_value = "2m", value_parser = config::parse_duration)]
+    pub lease: Duration,
+    /// Deadline of one whole SMTP send (connect to final reply); far below RabbitMQ's 30-minute
+    /// consumer_timeout.
+    #[arg(long, env = "MAILROOM_SMTP_TIMEOUT", default_value = "60s", value_parser = config::parse_duration)]
+    pub smtp_timeout: Duration,
+    /// Attempts (claims) before a transiently failing job is dead-lettered.
+    #[arg(long, env = "MAILROOM_MAX_ATTEMPTS", default_value_t = 8)]
+    pub max_attempts: i32,
+    /// Deliveries processed at once.
+    #[arg(long, env = "MAILROOM_CONCURRENCY", default_value_t = 32)]
+    pub concurrency: usize,
+    /// Deliveries RabbitMQ sends ahead (basic.qos); at least --concurrency.
+    #[arg(long, env = "MAILROOM_PREFETCH", default_value_t = 64)]
+    pub prefetch: u16,
+    /// Claims and results of concurrent deliveries written together, at most this many per
+    /// statement and commit (group commit); 1 writes each on its own.
+    #[arg(long, env = "MAILROOM_LEDGER_GROUP", default_value_t = 64)]
+    pub ledger_group: usize,
+    /// Concurrent SMTP sessions at most (lettre's pool does not bound them by itself).
+    #[arg(long, env = "MAILROOM_SMTP_CONNECTIONS", default_value_t = 16)]
+    pub smtp_connections: u32,
+    /// On SIGTERM/SIGINT, how long deliveries in flight may take to finish.
+    #[arg(long, env = "MAILROOM_SHUTDOWN_GRACE", default_value = "30s", value_parser = config::parse_duration)]
+    pub shutdown_grace: Duration,
+    /// How often the template directory is checked for edits (SIGHUP checks at once). A good
+    /// edit is used by the next email; a broken one is logged and the last good set keeps
+    /// sending.
+    #[arg(long, env = "MAILROOM_TEMPLATE_RELOAD_INTERVAL", default_value = "2s", value_parser = config::parse_duration)]
+    pub template_reload_interval: Duration,
+    #[command(flatten)]
+    pub metrics: MetricsOptions,
+}
+
+impl WorkerArgs {
+    /// The settings these arguments give.
+    pub fn config(&self) -> WorkerConfig {
+        WorkerConfig {
+            database_url: self.db.database_url.clone(),
+            broker: self.broker.config(),
+            smtp_url: self.smtp_url.clone(),
+            from: self.from.clone(),
+            message_id_domain: self.message_id_domain.clone(),
+            templates: self.templates.clone(),
+            on_uncertain: self.on_uncertain,
+            lease: self.lease,
+            smtp_timeout: self.smtp_timeout,
+            max_attempts: self.max_attempts,
+            concurrency: self.concurrency,
+            prefetch: self.prefetch,
+            ledger_group: self.ledger_group,
+            smtp_connections: self.smtp_connections,
+            shutdown_grace: self.shutdown_grace,
+            template_reload_interval: self.template_reload_interval,
+            metrics_addr: self.metrics.metrics_addr,
+        }
+    }
+
+    /// Builds the worker these arguments describe ([`startup::build_worker`]).
+    pub fn build(&self) -> anyhow::Result<Worker> {
+        startup::build_worker(&self.config())
+    }
+
+    /// Runs the worker until SIGTERM/SIGINT ([`startup::run_worker`]).
+    pub async fn run(&self) -> anyhow::Result<()> {
+        let shutdown = crate::shutdown::on_signals()?;
+        startup::run_worker(&self.config(), shutdown).await
+    }
+}

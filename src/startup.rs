@@ -1,0 +1,123 @@
+//! Wiring: each process built from plain settings, in one place (as zero-to-production's
+//! `Application::build`). The CLI parses arguments into these settings and calls one `run_*`
+//! function with its shutdown signal; the tests build the same pieces. Validation that needs
+//! more than one setting (the lease against the SMTP timeout, the API's exposure) happens here.
+//!
+//! - [`WorkerConfig`] → [`build_worker`], [`run_worker`]: `mailroom worker`;
+//! - [`RelayConfig`] → [`build_relay`], [`run_relay`]: `mailroom relay`;
+//! - [`ServeConfig`] → [`run_serve`]: `mailroom serve`, the HTTP API;
+//! - [`RunConfig`] → [`run_all`]: `mailroom run`, relay, worker and HTTP API in one process;
+//! - here, what they share: the broker settings, loading and following the template directory,
+//!   and the optional `/metrics` listener of a process without the HTTP API.
+
+mod relay;
+mod run;
+mod serve;
+mod worker;
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use crate::broker::Topology;
+use crate::config::{Delays, UrlList};
+use crate::dlq::seal::ReplayKey;
+use crate::metrics::Metrics;
+use crate::render::{LiveTemplates, Templates};
+
+pub use relay::{RelayConfig, RelayTuning, build_relay, run_relay};
+pub use run::{RunConfig, run_all};
+pub use serve::{HttpConfig, ServeConfig, api_state, bind, run_serve};
+pub use worker::{WorkerConfig, build_worker, run_worker};
+
+/// The broker every process talks to, and the names of its exchanges and queues.
+#[derive(Clone, Debug)]
+pub struct BrokerConfig {
+    /// One URL, or several to fail over between nodes.
+    pub amqp_url: UrlList,
+    /// Prefix of every exchange and queue.
+    pub namespace: String,
+    /// The retry tiers, increasing.
+    pub retry_delays: Delays,
+    /// Seals replayed dead letters; `None` uses the key kept in the database.
+    pub replay_key: Option<ReplayKey>,
+}
+
+impl BrokerConfig {
+    pub fn topology(&self) -> Topology {
+        Topology::new(&self.namespace, self.retry_delays.0.clone())
+    }
+}
+
+/// Loads the template directory `dir`, made absolute first so that a reload does not depend on
+/// the working directory; returns that absolute path with the set. Every process and command
+/// that reads templates loads them here.
+pub fn load_templates(dir: &Path) -> anyhow::Result<(PathBuf, Templates)> {
+    let dir = std::path::absolute(dir)
+        .with_context(|| format!("template directory {}", dir.display()))?;
+    let loaded = Templates::load(&dir)
+        .with_context(|| format!("loading templates from {}", dir.display()))?;
+    Ok((dir, loaded))
+}
+
+/// Loads `dir` ([`load_templates`]) and follows it ([`follow_templates`]) until `shutdown`.
+pub fn live_templates(
+    dir: &Path,
+    interval: Duration,
+    shutdown: &CancellationToken,
+) -> anyhow::Result<Arc<LiveTemplates>> {
+    let (dir, loaded) = load_templates(dir)?;
+    let live = Arc::new(LiveTemplates::new(dir, loaded));
+    follow_templates(live.clone(), interval, shutdown)?;
+    Ok(live)
+}
+
+/// Polls `live`'s directory every `interval`, and reloads it on SIGHUP, until `shutdown`.
+pub fn follow_templates(
+    live: Arc<LiveTemplates>,
+    interval: Duration,
+    shutdown: &CancellationToken,
+) -> anyhow::Result<()> {
+    let hup = live.clone();
+    crate::shutdown::on_hangup(move || hup.request_reload(), shutdown)?;
+    tokio::spawn(live.watch(interval, shutdown.clone()));
+    Ok(())
+}
+
+/// A `/metrics` (and `/healthz`) listener of its own, serving until `shutdown`.
+type MetricsServer = JoinHandle<anyhow::Result<()>>;
+
+/// Binds and serves `metrics` on `addr` until `shutdown`, when an address was given.
+pub async fn spawn_metrics(
+    addr: Option<SocketAddr>,
+    metrics: Metrics,
+    shutdown: &CancellationToken,
+) -> anyhow::Result<Option<MetricsServer>> {
+    let Some(addr) = addr else {
+        return Ok(None);
+    };
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("listening on {addr} for metrics"))?;
+    let stop = shutdown.clone();
+    Ok(Some(tokio::spawn(crate::http::serve_metrics(
+        listener, metrics, stop,
+    ))))
+}
+
+/// Stops the metrics listener, if there is one, and waits for it.
+async fn stop_metrics(
+    server: Option<MetricsServer>,
+    shutdown: &CancellationToken,
+) -> anyhow::Result<()> {
+    shutdown.cancel();
+    match server {
+        Some(server) => server.await?,
+        None => Ok(()),
+    }
+}

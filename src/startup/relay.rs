@@ -1,0 +1,70 @@
+//! `mailroom relay`: its settings, and the relay built from them.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+
+use super::{BrokerConfig, spawn_metrics, stop_metrics};
+use crate::config::SecretUrl;
+use crate::db::Database;
+use crate::metrics::Metrics;
+use crate::relay::{Relay, RelaySettings};
+
+/// How the relay batches, polls and cleans up (`mailroom relay --help` says what each means);
+/// shared by `relay` and `run`. Zero sizes are raised to one.
+#[derive(Clone, Debug)]
+pub struct RelayTuning {
+    pub batch: i64,
+    pub batch_bytes: usize,
+    pub poll: Duration,
+    pub poll_min: Duration,
+    pub poll_max: Duration,
+    pub outbox_retention: Duration,
+}
+
+/// What `mailroom relay` needs.
+#[derive(Clone, Debug)]
+pub struct RelayConfig {
+    pub database_url: SecretUrl,
+    pub broker: BrokerConfig,
+    pub relay: RelayTuning,
+    /// A `/metrics` listener of its own.
+    pub metrics_addr: Option<SocketAddr>,
+}
+
+/// Runs the relay and the optional metrics listener until `shutdown`.
+pub async fn run_relay(config: &RelayConfig, shutdown: CancellationToken) -> anyhow::Result<()> {
+    let relay = build_relay(&config.database_url, &config.broker, &config.relay)?;
+    let metrics = Metrics {
+        relay: Some(relay.stats()),
+        db: Some(Database::connect_lazy(&config.database_url, 1)?),
+        ..Metrics::default()
+    };
+    let server = spawn_metrics(config.metrics_addr, metrics, &shutdown).await?;
+    let result = relay.run(shutdown.clone()).await;
+    stop_metrics(server, &shutdown).await?;
+    result
+}
+
+/// Builds the relay (it connects lazily).
+pub fn build_relay(
+    database_url: &SecretUrl,
+    broker: &BrokerConfig,
+    tuning: &RelayTuning,
+) -> anyhow::Result<Relay> {
+    // The relay retries a failed batch or probe on its next turn: no ping before each use.
+    let db = Database::connect_lazy_with(database_url, 4, false)?;
+    let settings = RelaySettings {
+        amqp: broker.amqp_url.clone(),
+        topology: broker.topology(),
+        batch_size: tuning.batch.max(1),
+        batch_bytes: tuning.batch_bytes.max(1),
+        poll_interval: tuning.poll,
+        poll_min: tuning.poll_min,
+        poll_max: tuning.poll_max,
+        retention: tuning.outbox_retention,
+        name: format!("mailroom relay (pid {})", std::process::id()),
+    };
+    Ok(Relay::new(settings, db))
+}

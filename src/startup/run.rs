@@ -1,0 +1,46 @@
+//! `mailroom run`: relay, worker and HTTP API in one process, sharing the database and broker
+//! settings, the templates, the shutdown signal and `/metrics`.
+
+use tokio_util::sync::CancellationToken;
+
+use super::{
+    HttpConfig, RelayTuning, WorkerConfig, api_state, bind, build_relay, build_worker,
+    follow_templates, spawn_metrics, stop_metrics,
+};
+use crate::http;
+use crate::metrics::Metrics;
+
+/// What `mailroom run` needs: the worker's settings (its database, broker and metrics address
+/// serve all three), the relay's tuning and the API's listener.
+#[derive(Clone, Debug)]
+pub struct RunConfig {
+    pub worker: WorkerConfig,
+    pub relay: RelayTuning,
+    pub http: HttpConfig,
+}
+
+/// Runs the three until `shutdown`; the API wakes the relay after each new outbox row.
+pub async fn run_all(config: &RunConfig, shutdown: CancellationToken) -> anyhow::Result<()> {
+    let (db, broker) = (&config.worker.database_url, &config.worker.broker);
+    let worker = build_worker(&config.worker)?;
+    let reload = config.worker.template_reload_interval;
+    follow_templates(worker.templates(), reload, &shutdown)?;
+    let relay = build_relay(db, broker, &config.relay)?;
+    let listener = bind(&config.http).await?;
+    let metrics = Metrics {
+        worker: Some(worker.stats()),
+        relay: Some(relay.stats()),
+        ..Metrics::default()
+    };
+    let templates = Some(worker.templates());
+    let wake = Some(relay.waker());
+    let state = api_state(&config.http, db, broker, templates, metrics, wake)?;
+    let extra = spawn_metrics(config.worker.metrics_addr, state.metrics.clone(), &shutdown).await?;
+    let (w, r, h) = tokio::join!(
+        worker.run(shutdown.clone()),
+        relay.run(shutdown.clone()),
+        http::serve(listener, state, shutdown.clone())
+    );
+    stop_metrics(extra, &shutdown).await?;
+    w.and(r).and(h)
+}

@@ -1,0 +1,110 @@
+//! `mailroom worker`: its settings, and the worker built from them.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use lettre::message::Mailbox;
+use tokio_util::sync::CancellationToken;
+
+use super::{BrokerConfig, follow_templates, load_templates, spawn_metrics, stop_metrics};
+use crate::config::{OnUncertain, SecretUrl};
+use crate::db::Database;
+use crate::metrics::Metrics;
+use crate::render::LiveTemplates;
+use crate::smtp::{Mailer, MailerSettings};
+use crate::worker::{Worker, WorkerSettings};
+
+/// What a worker needs, as given (`mailroom worker --help` says what each means); zero counts are
+/// raised to one when the worker is built.
+#[derive(Clone, Debug)]
+pub struct WorkerConfig {
+    pub database_url: SecretUrl,
+    pub broker: BrokerConfig,
+    pub smtp_url: SecretUrl,
+    pub from: Mailbox,
+    /// Right-hand side of the Message-ID; `None`: the domain of `from`.
+    pub message_id_domain: Option<String>,
+    pub templates: PathBuf,
+    pub on_uncertain: OnUncertain,
+    pub lease: Duration,
+    pub smtp_timeout: Duration,
+    pub max_attempts: i32,
+    pub concurrency: usize,
+    /// Raised to `concurrency` when lower.
+    pub prefetch: u16,
+    pub ledger_group: usize,
+    pub smtp_connections: u32,
+    pub shutdown_grace: Duration,
+    pub template_reload_interval: Duration,
+    /// A `/metrics` listener of its own.
+    pub metrics_addr: Option<SocketAddr>,
+}
+
+/// Runs the worker, the template watcher (and SIGHUP) and the optional metrics listener until
+/// `shutdown`.
+pub async fn run_worker(config: &WorkerConfig, shutdown: CancellationToken) -> anyhow::Result<()> {
+    let worker = build_worker(config)?;
+    follow_templates(
+        worker.templates(),
+        config.template_reload_interval,
+        &shutdown,
+    )?;
+    let metrics = Metrics {
+        worker: Some(worker.stats()),
+        templates: Some(worker.templates()),
+        ..Metrics::default()
+    };
+    let server = spawn_metrics(config.metrics_addr, metrics, &shutdown).await?;
+    let result = worker.run(shutdown.clone()).await;
+    stop_metrics(server, &shutdown).await?;
+    result
+}
+
+/// Validates the settings, loads the templates, and builds the worker (it connects lazily).
+pub fn build_worker(config: &WorkerConfig) -> anyhow::Result<Worker> {
+    crate::worker::lease::check(config.lease, config.smtp_timeout).map_err(anyhow::Error::msg)?;
+    let (dir, loaded) = load_templates(&config.templates)?;
+    let templates = LiveTemplates::new(dir, loaded);
+    let mailer = Mailer::new(&mailer_settings(config))?;
+    let concurrency = config.concurrency.max(1);
+    let pool_size = u32::try_from(concurrency)
+        .unwrap_or(u32::MAX)
+        .saturating_add(2);
+    let db = Database::connect_lazy(&config.database_url, pool_size)?;
+    let settings = worker_settings(config, concurrency);
+    Ok(Worker::new(settings, db, Arc::new(templates), mailer))
+}
+
+fn mailer_settings(config: &WorkerConfig) -> MailerSettings {
+    let domain = match &config.message_id_domain {
+        Some(d) => d.clone(),
+        None => config.from.email.domain().to_string(),
+    };
+    MailerSettings {
+        url: config.smtp_url.clone(),
+        from: config.from.clone(),
+        message_id_domain: domain,
+        timeout: config.smtp_timeout,
+        max_connections: config.smtp_connections.max(1),
+    }
+}
+
+fn worker_settings(config: &WorkerConfig, concurrency: usize) -> WorkerSettings {
+    WorkerSettings {
+        amqp: config.broker.amqp_url.clone(),
+        topology: config.broker.topology(),
+        concurrency,
+        prefetch: config
+            .prefetch
+            .max(u16::try_from(concurrency).unwrap_or(u16::MAX)),
+        lease: config.lease,
+        on_uncertain: config.on_uncertain,
+        max_attempts: config.max_attempts.max(1),
+        ledger_group: config.ledger_group.max(1),
+        shutdown_grace: config.shutdown_grace,
+        name: format!("mailroom worker (pid {})", std::process::id()),
+        replay_key: config.broker.replay_key.clone(),
+    }
+}
