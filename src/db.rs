@@ -15,6 +15,7 @@ pub mod notifications;
 pub mod outbox;
 mod postgres;
 mod refused;
+mod rows;
 mod secrets;
 
 use std::time::Duration;

@@ -24,61 +24,14 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use tokio::sync::{Semaphore, mpsc, oneshot};
-use uuid::Uuid;
 
 use super::Database;
-use super::notifications::{Claim, ClaimRequest, Record, Status};
+use super::rows::{Claim, ClaimRequest, Record};
+
+pub use super::rows::{ClaimItem, Group, GroupResult, RecordItem};
 
 /// The error of a write; shared, because a group's connection error is every member's.
 pub type LedgerError = Arc<sqlx::Error>;
-
-/// A claim in a group: the claim of [`ClaimRequest`] with the token it will hold.
-#[derive(Clone, Debug)]
-pub struct ClaimItem {
-    pub job_id: String,
-    pub kind: String,
-    pub message_id: String,
-    pub token: Uuid,
-}
-
-/// A record in a group: always by the holder of the claim (`token`).
-#[derive(Clone, Debug)]
-pub struct RecordItem {
-    pub job_id: String,
-    pub kind: String,
-    pub token: Uuid,
-    pub status: Status,
-    pub smtp_reply: Option<String>,
-    pub error: Option<String>,
-    pub class: Option<String>,
-    pub revision: Option<String>,
-}
-
-/// One group: claims sharing a lease and policy, and records; every key at most once.
-#[derive(Debug, Default)]
-pub struct Group {
-    pub lease: Duration,
-    pub resend_uncertain: bool,
-    pub claims: Vec<ClaimItem>,
-    pub records: Vec<RecordItem>,
-}
-
-/// The answers of a group, in the order of its claims and records.
-#[derive(Debug, PartialEq)]
-pub struct GroupResult {
-    pub claims: Vec<Claim>,
-    pub records: Vec<bool>,
-}
-
-impl Group {
-    /// Claims and records in key order, so that two groups lock rows in the same order.
-    pub(super) fn sort(&mut self) {
-        self.claims
-            .sort_by(|a, b| (&a.job_id, &a.kind).cmp(&(&b.job_id, &b.kind)));
-        self.records
-            .sort_by(|a, b| (&a.job_id, &a.kind).cmp(&(&b.job_id, &b.kind)));
-    }
-}
 
 impl Database {
     /// Writes a group of claims and records with one commit.

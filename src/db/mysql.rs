@@ -18,8 +18,10 @@ use sqlx::mysql::MySqlDatabaseError;
 use sqlx::{MySqlConnection, MySqlPool, QueryBuilder, Row};
 use uuid::Uuid;
 
-use super::notifications::{Claim, ClaimRequest, ExistingClaim, Notification, Record, Status};
-use super::outbox::{OutboxRow, OutboxStatus, PendingRow};
+use super::rows::{
+    Claim, ClaimItem, ClaimRequest, ExistingClaim, Group, GroupResult, Notification, OutboxRow,
+    OutboxStatus, PendingRow, Record, Status,
+};
 
 /// MySQL's "Duplicate entry … for key …".
 const ER_DUP_ENTRY: u16 = 1062;
@@ -410,8 +412,8 @@ fn push_keys<'a>(
 ///    not): the token in the row says whose claim it is.
 pub(super) async fn write_group(
     pool: &MySqlPool,
-    group: &super::group::Group,
-) -> Result<super::group::GroupResult, sqlx::Error> {
+    group: &Group,
+) -> Result<GroupResult, sqlx::Error> {
     use std::collections::{HashMap, HashSet};
     let lease = micros(group.lease);
     let mut tx = pool.begin().await?;
@@ -432,10 +434,9 @@ pub(super) async fn write_group(
             existing.insert((row.try_get("job_id")?, row.try_get("kind")?));
         }
     }
-    let is_new =
-        |c: &&super::group::ClaimItem| !existing.contains(&(c.job_id.clone(), c.kind.clone()));
-    let fresh: Vec<&super::group::ClaimItem> = group.claims.iter().filter(is_new).collect();
-    let old: Vec<&super::group::ClaimItem> = group.claims.iter().filter(|c| !is_new(c)).collect();
+    let is_new = |c: &&ClaimItem| !existing.contains(&(c.job_id.clone(), c.kind.clone()));
+    let fresh: Vec<&ClaimItem> = group.claims.iter().filter(is_new).collect();
+    let old: Vec<&ClaimItem> = group.claims.iter().filter(|c| !is_new(c)).collect();
     if !fresh.is_empty() {
         let mut q = QueryBuilder::new(
             "INSERT INTO sent_notifications \
@@ -559,7 +560,7 @@ pub(super) async fn write_group(
                     .is_some_and(|(holder, _)| *holder == Some(r.token))
         })
         .collect();
-    Ok(super::group::GroupResult { claims, records })
+    Ok(GroupResult { claims, records })
 }
 
 fn existing_claim(row: &sqlx::mysql::MySqlRow) -> Result<ExistingClaim, sqlx::Error> {

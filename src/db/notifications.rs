@@ -18,93 +18,7 @@ use uuid::Uuid;
 
 use super::{Database, mysql, postgres};
 
-/// A row's status.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Status {
-    Sending,
-    Sent,
-    Failed,
-    Uncertain,
-    Dead,
-}
-
-impl Status {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Status::Sending => "sending",
-            Status::Sent => "sent",
-            Status::Failed => "failed",
-            Status::Uncertain => "uncertain",
-            Status::Dead => "dead",
-        }
-    }
-
-    pub fn parse(s: &str) -> Option<Status> {
-        Some(match s {
-            "sending" => Status::Sending,
-            "sent" => Status::Sent,
-            "failed" => Status::Failed,
-            "uncertain" => Status::Uncertain,
-            "dead" => Status::Dead,
-            _ => return None,
-        })
-    }
-}
-
-impl TryFrom<String> for Status {
-    type Error = String;
-
-    fn try_from(text: String) -> Result<Status, String> {
-        Status::parse(&text).ok_or_else(|| format!("unknown status {text:?}"))
-    }
-}
-
-impl std::fmt::Display for Status {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-/// What a worker asks for when it claims a job.
-#[derive(Clone, Debug)]
-pub struct ClaimRequest<'a> {
-    pub job_id: &'a str,
-    pub kind: &'a str,
-    pub message_id: &'a str,
-    /// The token the claim will hold, chosen before it is sent: when the commit's outcome is
-    /// unknown (the connection broke during it), the worker can still find and give back a
-    /// claim that did commit.
-    pub token: Uuid,
-    /// How long the claim is exclusive; longer than the SMTP timeout plus the time to record.
-    pub lease: Duration,
-    /// Whether an `uncertain` row, or a `sending` row whose lease expired, may be taken over
-    /// (`MAILROOM_ON_UNCERTAIN=resend`).
-    pub resend_uncertain: bool,
-    /// A copy replayed from the dead-letter queue: a `dead` or `uncertain` row may be taken over
-    /// (one more claim per replayed copy). A `sent` row never is.
-    pub replay: bool,
-}
-
-/// The answer to a claim.
-#[derive(Clone, Debug, PartialEq)]
-pub enum Claim {
-    /// This worker owns the row until the lease ends; `attempt` counts claims, this one included.
-    Claimed { attempt: i32, token: Uuid },
-    /// Someone else's row, as it was read right after the refusal (`None`: it vanished).
-    Refused(Option<ExistingClaim>),
-}
-
-/// The state of a row that refused a claim.
-#[derive(Clone, Debug, PartialEq)]
-pub struct ExistingClaim {
-    pub status: Status,
-    pub attempts: i32,
-    /// Time left on the lease; `None` when there is no lease or it has expired.
-    pub lease_remaining: Option<Duration>,
-    /// For a `dead` row: the class and reason it was dead-lettered with.
-    pub error_class: Option<String>,
-    pub last_error: Option<String>,
-}
+pub use super::rows::{Claim, ClaimRequest, ExistingClaim, Notification, Record, Status};
 
 /// What a refused claim means for the delivery at hand.
 #[derive(Clone, Debug, PartialEq)]
@@ -146,38 +60,6 @@ pub fn judge_refusal(existing: Option<&ExistingClaim>, resend_uncertain: bool) -
             after: Duration::ZERO,
         },
     }
-}
-
-/// One row, as `status` and the tests read it.
-#[derive(Clone, Debug, PartialEq, sqlx::FromRow)]
-pub struct Notification {
-    pub job_id: String,
-    pub kind: String,
-    #[sqlx(try_from = "String")]
-    pub status: Status,
-    pub attempts: i32,
-    pub message_id: String,
-    pub smtp_reply: Option<String>,
-    pub last_error: Option<String>,
-    pub created_at: chrono::DateTime<chrono::Utc>,
-    pub updated_at: chrono::DateTime<chrono::Utc>,
-    pub sent_at: Option<chrono::DateTime<chrono::Utc>>,
-    /// Revision (content hash) of the template set that rendered the sent email.
-    pub template_revision: Option<String>,
-}
-
-/// The result to record after an attempt.
-#[derive(Clone, Debug)]
-pub struct Record<'a> {
-    pub job_id: &'a str,
-    pub kind: &'a str,
-    /// The claim this worker holds; `None` records over an expired `sending` row instead.
-    pub token: Option<Uuid>,
-    pub status: Status,
-    pub smtp_reply: Option<&'a str>,
-    pub error: Option<&'a str>,
-    /// For a `dead` row: the class of the failure (an `ErrorClass` name).
-    pub class: Option<&'a str>,
 }
 
 impl Database {

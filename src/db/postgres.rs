@@ -6,8 +6,10 @@ use std::time::Duration;
 use sqlx::{PgConnection, PgPool, Row};
 use uuid::Uuid;
 
-use super::notifications::{Claim, ClaimRequest, ExistingClaim, Notification, Record, Status};
-use super::outbox::{OutboxRow, OutboxStatus, PendingRow};
+use super::rows::{
+    Claim, ClaimItem, ClaimRequest, ExistingClaim, Group, GroupResult, Notification, OutboxRow,
+    OutboxStatus, PendingRow, Record, Status,
+};
 
 /// The takeover of an existing row by a claim, shared by the single and the group claim: `$6`
 /// is the claim's `resend_uncertain`.
@@ -340,10 +342,7 @@ FROM sent_notifications n
 JOIN unnest($1::text[], $2::text[]) AS k(job_id, kind)
   ON n.job_id = k.job_id AND n.kind = k.kind";
 
-pub(super) async fn write_group(
-    pool: &PgPool,
-    group: &super::group::Group,
-) -> Result<super::group::GroupResult, sqlx::Error> {
+pub(super) async fn write_group(pool: &PgPool, group: &Group) -> Result<GroupResult, sqlx::Error> {
     use std::collections::{HashMap, HashSet};
     let c = &group.claims;
     let r = &group.records;
@@ -378,7 +377,7 @@ pub(super) async fn write_group(
             recorded.insert(key);
         }
     }
-    let refused: Vec<&super::group::ClaimItem> = c
+    let refused: Vec<&ClaimItem> = c
         .iter()
         .filter(|c| !claimed.contains_key(&(c.job_id.clone(), c.kind.clone())))
         .collect();
@@ -417,7 +416,7 @@ pub(super) async fn write_group(
         .iter()
         .map(|r| recorded.contains(&(r.job_id.clone(), r.kind.clone())))
         .collect();
-    Ok(super::group::GroupResult { claims, records })
+    Ok(GroupResult { claims, records })
 }
 
 fn existing_claim(row: &sqlx::postgres::PgRow) -> Result<ExistingClaim, sqlx::Error> {
