@@ -3,15 +3,21 @@
 //! its own SQL side by side in its module, and the integration suite, run against every engine,
 //! is the check (sqlx's compile-time checks cover only one engine).
 //!
-//! - `notifications`: the claim ledger (`sent_notifications`) and its state machine.
+//! The modules, leaf first (each imports only those above it):
+//!
+//! - `rows`: the values the others pass around (statuses, claims, records, outbox rows, group
+//!   items); imports nothing of `db`.
+//! - `postgres`, `mysql`: the statements of each engine; import only `rows`.
+//! - `ledger`: the claim ledger (`sent_notifications`), its state machine and what a refused
+//!   claim means.
+//! - `group`: group commit of the ledger's claims and records, the worker's [`group::Ledger`].
 //! - `outbox`: the transactional outbox (`mailroom_outbox`): enqueue, and the relay's batches.
 //! - `refused`: `dead`/`invalid` rows for jobs refused past the doors, and stored payloads.
-//! - `postgres`, `mysql`: the statements of each engine.
 //! - `secrets`: values mailroom's processes share (the replay key).
 
 pub mod group;
+pub mod ledger;
 mod mysql;
-pub mod notifications;
 pub mod outbox;
 mod postgres;
 mod refused;
@@ -27,7 +33,9 @@ use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 
 use crate::config::SecretUrl;
 
-pub use notifications::{Claim, ClaimRequest, ExistingClaim, Notification, Status};
+pub use ledger::{
+    Claim, ClaimRequest, ExistingClaim, Notification, Record, Refusal, Status, judge_refusal,
+};
 
 /// How long a statement may run before the server cancels it; far below RabbitMQ's
 /// consumer_timeout so a stuck database never holds a delivery past it.

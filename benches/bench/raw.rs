@@ -23,8 +23,8 @@ use futures_util::{StreamExt, TryStreamExt};
 use lapin::{Connection, options::*, types::FieldTable};
 use mailroom::broker;
 use mailroom::db::group::Ledger;
-use mailroom::db::notifications::{Claim, ClaimRequest, Record, Status};
-use mailroom::db::{Database, notifications};
+use mailroom::db::{Claim, ClaimRequest, Record, Status};
+use mailroom::db::{Database, ledger};
 use mailroom::job::EmailJob;
 use mailroom::render::Templates;
 use mailroom::smtp::{Mailer, MailerSettings};
@@ -365,7 +365,7 @@ async fn pairs(
         .await?
         .map(|r| r.status);
     anyhow::ensure!(
-        sent == Some(notifications::Status::Sent),
+        sent == Some(ledger::Status::Sent),
         "raw db run left {sent:?}"
     );
     Ok((

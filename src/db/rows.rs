@@ -1,5 +1,5 @@
-//! The values the database layer reads and writes, shared by the facades (`notifications`,
-//! `outbox`, `group`) and the engines (`postgres`, `mysql`). A leaf: it imports nothing else of `db`, so
+//! The values the database layer reads and writes, shared by the facades (`ledger`, `outbox`,
+//! `group`) and the engines (`postgres`, `mysql`). A leaf: it imports nothing else of `db`, so
 //! an engine module reads with this file alone, and no module of `db` imports in a circle.
 //!
 //! - the claim ledger: [`Status`] of a row, [`ClaimRequest`] and its answer [`Claim`],

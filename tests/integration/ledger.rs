@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use mailroom::db::group::{ClaimItem, Group, Ledger, RecordItem};
-use mailroom::db::notifications::{Claim, ClaimRequest, Record};
+use mailroom::db::{Claim, ClaimRequest, Record};
 use mailroom::db::{Database, Status};
 use uuid::Uuid;
 
