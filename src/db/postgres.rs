@@ -1,6 +1,7 @@
 //! PostgreSQL statements of the claim ledger and the outbox. Times come from the database clock
 //! (`now()`), so workers on machines with skewed clocks still agree on leases.
 
+use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use sqlx::{PgConnection, PgPool, Row};
@@ -342,8 +343,50 @@ FROM sent_notifications n
 JOIN unnest($1::text[], $2::text[]) AS k(job_id, kind)
   ON n.job_id = k.job_id AND n.kind = k.kind";
 
+/// A row's unique key, `(job_id, kind)`.
+type Key = (String, String);
+
+fn key_of(job_id: &str, kind: &str) -> Key {
+    (job_id.to_owned(), kind.to_owned())
+}
+
+/// Writes a group with one statement ([`WRITE_GROUP`]), then reads the rows that refused some
+/// of its claims ([`READ_CLAIMS`]).
 pub(super) async fn write_group(pool: &PgPool, group: &Group) -> Result<GroupResult, sqlx::Error> {
-    use std::collections::{HashMap, HashSet};
+    let (claimed, recorded) = claim_and_record(pool, group).await?;
+    let refused: Vec<&ClaimItem> = group
+        .claims
+        .iter()
+        .filter(|c| !claimed.contains_key(&key_of(&c.job_id, &c.kind)))
+        .collect();
+    let mut existing = read_refused(pool, &refused).await?;
+    let claims = group
+        .claims
+        .iter()
+        .map(|c| {
+            let key = key_of(&c.job_id, &c.kind);
+            match claimed.get(&key) {
+                Some(&attempt) => Claim::Claimed {
+                    attempt,
+                    token: c.token,
+                },
+                None => Claim::Refused(existing.remove(&key)),
+            }
+        })
+        .collect();
+    let records = group
+        .records
+        .iter()
+        .map(|r| recorded.contains(&key_of(&r.job_id, &r.kind)))
+        .collect();
+    Ok(GroupResult { claims, records })
+}
+
+/// Runs [`WRITE_GROUP`]: the keys claimed, with their attempt, and the keys recorded.
+async fn claim_and_record(
+    pool: &PgPool,
+    group: &Group,
+) -> Result<(HashMap<Key, i32>, HashSet<Key>), sqlx::Error> {
     let c = &group.claims;
     let r = &group.records;
     let rows = sqlx::query(WRITE_GROUP)
@@ -367,8 +410,8 @@ pub(super) async fn write_group(pool: &PgPool, group: &Group) -> Result<GroupRes
         .bind(r.iter().map(|r| r.revision.as_deref()).collect::<Vec<_>>())
         .fetch_all(pool)
         .await?;
-    let mut claimed: HashMap<(String, String), i32> = HashMap::new();
-    let mut recorded: HashSet<(String, String)> = HashSet::new();
+    let mut claimed = HashMap::new();
+    let mut recorded = HashSet::new();
     for row in rows {
         let key = (row.try_get("job_id")?, row.try_get("kind")?);
         if row.try_get("claim")? {
@@ -377,46 +420,33 @@ pub(super) async fn write_group(pool: &PgPool, group: &Group) -> Result<GroupRes
             recorded.insert(key);
         }
     }
-    let refused: Vec<&ClaimItem> = c
-        .iter()
-        .filter(|c| !claimed.contains_key(&(c.job_id.clone(), c.kind.clone())))
-        .collect();
-    let mut existing: HashMap<(String, String), ExistingClaim> = HashMap::new();
-    if !refused.is_empty() {
-        // A fresh statement sees the rows that refused us, as in `claim`.
-        let rows = sqlx::query(READ_CLAIMS)
-            .bind(
-                refused
-                    .iter()
-                    .map(|c| c.job_id.as_str())
-                    .collect::<Vec<_>>(),
-            )
-            .bind(refused.iter().map(|c| c.kind.as_str()).collect::<Vec<_>>())
-            .fetch_all(pool)
-            .await?;
-        for row in rows {
-            let key = (row.try_get("job_id")?, row.try_get("kind")?);
-            existing.insert(key, existing_claim(&row)?);
-        }
+    Ok((claimed, recorded))
+}
+
+/// The rows that refused `refused`, read by a fresh statement (as in `claim`).
+async fn read_refused(
+    pool: &PgPool,
+    refused: &[&ClaimItem],
+) -> Result<HashMap<Key, ExistingClaim>, sqlx::Error> {
+    let mut existing = HashMap::new();
+    if refused.is_empty() {
+        return Ok(existing);
     }
-    let claims = c
-        .iter()
-        .map(|c| {
-            let key = (c.job_id.clone(), c.kind.clone());
-            match claimed.get(&key) {
-                Some(&attempt) => Claim::Claimed {
-                    attempt,
-                    token: c.token,
-                },
-                None => Claim::Refused(existing.remove(&key)),
-            }
-        })
-        .collect();
-    let records = r
-        .iter()
-        .map(|r| recorded.contains(&(r.job_id.clone(), r.kind.clone())))
-        .collect();
-    Ok(GroupResult { claims, records })
+    let rows = sqlx::query(READ_CLAIMS)
+        .bind(
+            refused
+                .iter()
+                .map(|c| c.job_id.as_str())
+                .collect::<Vec<_>>(),
+        )
+        .bind(refused.iter().map(|c| c.kind.as_str()).collect::<Vec<_>>())
+        .fetch_all(pool)
+        .await?;
+    for row in rows {
+        let key = (row.try_get("job_id")?, row.try_get("kind")?);
+        existing.insert(key, existing_claim(&row)?);
+    }
+    Ok(existing)
 }
 
 fn existing_claim(row: &sqlx::postgres::PgRow) -> Result<ExistingClaim, sqlx::Error> {
