@@ -47,7 +47,7 @@ pub struct RelayOptions {
 impl RelayOptions {
     fn build(&self, db: &DatabaseArgs, broker: &BrokerArgs) -> anyhow::Result<Relay> {
         // The relay retries a failed batch or probe on its next turn: no ping before each use.
-        let db = Database::connect_lazy_with(&db.database_url, 4, false)?;
+        let db = Database::connect_lazy_with(&db.database_url, 4, crate::db::OnAcquire::NoPing)?;
         let settings = RelaySettings {
             amqp: broker.amqp_url.clone(),
             topology: broker.topology(),
