@@ -34,7 +34,7 @@ use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use crate::config::SecretUrl;
 
 pub use ledger::{
-    Claim, ClaimRequest, ExistingClaim, Notification, Record, Refusal, Status, judge_refusal,
+    Claim, ClaimRequest, ExistingClaim, LedgerStatus, Notification, Record, Refusal, judge_refusal,
 };
 
 /// How long a statement may run before the server cancels it; far below RabbitMQ's

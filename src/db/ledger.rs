@@ -18,7 +18,7 @@ use uuid::Uuid;
 
 use super::{Database, mysql, postgres};
 
-pub use super::rows::{Claim, ClaimRequest, ExistingClaim, Notification, Record, Status};
+pub use super::rows::{Claim, ClaimRequest, ExistingClaim, LedgerStatus, Notification, Record};
 
 /// What a refused claim means for the delivery at hand.
 #[derive(Clone, Debug, PartialEq)]
@@ -44,19 +44,21 @@ pub fn judge_refusal(existing: Option<&ExistingClaim>, resend_uncertain: bool) -
         };
     };
     match (existing.status, existing.lease_remaining) {
-        (Status::Sent, _) => Refusal::AlreadySent,
-        (Status::Dead, _) => Refusal::AlreadyDead,
-        (Status::Sending, Some(left)) => Refusal::Busy { after: left },
+        (LedgerStatus::Sent, _) => Refusal::AlreadySent,
+        (LedgerStatus::Dead, _) => Refusal::AlreadyDead,
+        (LedgerStatus::Sending, Some(left)) => Refusal::Busy { after: left },
         // With `resend` the claim takes such a row over, so it was refused in another state
         // and the row changed before it was read (a lease expiring in between, a holder
         // recording `uncertain`): claim again, never dead-letter (found by the chaos soak).
-        (Status::Sending, None) | (Status::Uncertain, _) if resend_uncertain => Refusal::Busy {
-            after: Duration::ZERO,
-        },
+        (LedgerStatus::Sending, None) | (LedgerStatus::Uncertain, _) if resend_uncertain => {
+            Refusal::Busy {
+                after: Duration::ZERO,
+            }
+        }
         // Refused although expired or uncertain: the policy forbids resending.
-        (Status::Sending, None) | (Status::Uncertain, _) => Refusal::Uncertain,
+        (LedgerStatus::Sending, None) | (LedgerStatus::Uncertain, _) => Refusal::Uncertain,
         // `failed` is always claimable; it was refused only because it changed meanwhile.
-        (Status::Failed, _) => Refusal::Busy {
+        (LedgerStatus::Failed, _) => Refusal::Busy {
             after: Duration::ZERO,
         },
     }
@@ -123,7 +125,7 @@ impl Database {
 mod tests {
     use super::*;
 
-    fn row(status: Status, lease: Option<u64>) -> ExistingClaim {
+    fn row(status: LedgerStatus, lease: Option<u64>) -> ExistingClaim {
         ExistingClaim {
             status,
             attempts: 1,
@@ -136,7 +138,7 @@ mod tests {
     #[test]
     fn sent_row_is_a_duplicate_to_acknowledge() {
         assert_eq!(
-            judge_refusal(Some(&row(Status::Sent, None)), false),
+            judge_refusal(Some(&row(LedgerStatus::Sent, None)), false),
             Refusal::AlreadySent
         );
     }
@@ -144,7 +146,7 @@ mod tests {
     #[test]
     fn dead_row_is_not_resent_without_replay() {
         assert_eq!(
-            judge_refusal(Some(&row(Status::Dead, None)), false),
+            judge_refusal(Some(&row(LedgerStatus::Dead, None)), false),
             Refusal::AlreadyDead
         );
     }
@@ -152,7 +154,7 @@ mod tests {
     #[test]
     fn live_lease_means_retry_after_it_ends() {
         assert_eq!(
-            judge_refusal(Some(&row(Status::Sending, Some(42))), false),
+            judge_refusal(Some(&row(LedgerStatus::Sending, Some(42))), false),
             Refusal::Busy {
                 after: Duration::from_secs(42)
             }
@@ -162,11 +164,11 @@ mod tests {
     #[test]
     fn expired_or_uncertain_refused_means_the_policy_forbids_resending() {
         assert_eq!(
-            judge_refusal(Some(&row(Status::Sending, None)), false),
+            judge_refusal(Some(&row(LedgerStatus::Sending, None)), false),
             Refusal::Uncertain
         );
         assert_eq!(
-            judge_refusal(Some(&row(Status::Uncertain, None)), false),
+            judge_refusal(Some(&row(LedgerStatus::Uncertain, None)), false),
             Refusal::Uncertain
         );
     }
@@ -176,13 +178,16 @@ mod tests {
         let soon = Refusal::Busy {
             after: Duration::ZERO,
         };
-        assert_eq!(judge_refusal(Some(&row(Status::Sending, None)), true), soon);
         assert_eq!(
-            judge_refusal(Some(&row(Status::Uncertain, None)), true),
+            judge_refusal(Some(&row(LedgerStatus::Sending, None)), true),
             soon
         );
         assert_eq!(
-            judge_refusal(Some(&row(Status::Sent, None)), true),
+            judge_refusal(Some(&row(LedgerStatus::Uncertain, None)), true),
+            soon
+        );
+        assert_eq!(
+            judge_refusal(Some(&row(LedgerStatus::Sent, None)), true),
             Refusal::AlreadySent
         );
     }
@@ -192,21 +197,24 @@ mod tests {
         let soon = Refusal::Busy {
             after: Duration::ZERO,
         };
-        assert_eq!(judge_refusal(Some(&row(Status::Failed, None)), false), soon);
+        assert_eq!(
+            judge_refusal(Some(&row(LedgerStatus::Failed, None)), false),
+            soon
+        );
         assert_eq!(judge_refusal(None, false), soon);
     }
 
     #[test]
     fn status_round_trips_through_its_column_text() {
         for s in [
-            Status::Sending,
-            Status::Sent,
-            Status::Failed,
-            Status::Uncertain,
-            Status::Dead,
+            LedgerStatus::Sending,
+            LedgerStatus::Sent,
+            LedgerStatus::Failed,
+            LedgerStatus::Uncertain,
+            LedgerStatus::Dead,
         ] {
-            assert_eq!(Status::parse(s.as_str()), Some(s));
+            assert_eq!(LedgerStatus::parse(s.as_str()), Some(s));
         }
-        assert_eq!(Status::parse("queued"), None);
+        assert_eq!(LedgerStatus::parse("queued"), None);
     }
 }

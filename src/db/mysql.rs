@@ -20,8 +20,8 @@ use sqlx::{MySqlConnection, MySqlPool, QueryBuilder, Row};
 use uuid::Uuid;
 
 use super::rows::{
-    Claim, ClaimItem, ClaimRequest, ExistingClaim, Group, GroupResult, Notification, OutboxRow,
-    OutboxStatus, PendingRow, Record, RecordItem, Status,
+    Claim, ClaimItem, ClaimRequest, ExistingClaim, Group, GroupResult, LedgerStatus, Notification,
+    OutboxRow, OutboxStatus, PendingRow, Record, RecordItem,
 };
 
 /// MySQL's "Duplicate entry … for key …".
@@ -206,8 +206,8 @@ pub(super) async fn notification(
         .await
 }
 
-fn parse_status(text: String) -> Result<Status, sqlx::Error> {
-    Status::parse(&text)
+fn parse_status(text: String) -> Result<LedgerStatus, sqlx::Error> {
+    LedgerStatus::parse(&text)
         .ok_or_else(|| sqlx::Error::Decode(format!("unknown status {text:?}").into()))
 }
 

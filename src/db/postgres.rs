@@ -8,8 +8,8 @@ use sqlx::{PgConnection, PgPool, Row};
 use uuid::Uuid;
 
 use super::rows::{
-    Claim, ClaimItem, ClaimRequest, ExistingClaim, Group, GroupResult, Notification, OutboxRow,
-    OutboxStatus, PendingRow, Record, Status,
+    Claim, ClaimItem, ClaimRequest, ExistingClaim, Group, GroupResult, LedgerStatus, Notification,
+    OutboxRow, OutboxStatus, PendingRow, Record,
 };
 
 /// The takeover of an existing row by a claim, shared by the single and the group claim: `$6`
@@ -292,8 +292,8 @@ pub(super) async fn oldest_unpublished_age(pool: &PgPool) -> Result<Option<f64>,
     .await
 }
 
-fn parse_status(text: String) -> Result<Status, sqlx::Error> {
-    Status::parse(&text)
+fn parse_status(text: String) -> Result<LedgerStatus, sqlx::Error> {
+    LedgerStatus::parse(&text)
         .ok_or_else(|| sqlx::Error::Decode(format!("unknown status {text:?}").into()))
 }
 

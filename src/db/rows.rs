@@ -2,7 +2,7 @@
 //! `group`) and the engines (`postgres`, `mysql`). A leaf: it imports nothing else of `db`, so
 //! an engine module reads with this file alone, and no module of `db` imports in a circle.
 //!
-//! - the claim ledger: [`Status`] of a row, [`ClaimRequest`] and its answer [`Claim`],
+//! - the claim ledger: [`LedgerStatus`] of a row, [`ClaimRequest`] and its answer [`Claim`],
 //!   [`ExistingClaim`], [`Record`], and [`Notification`] (a whole row);
 //! - the outbox: [`PendingRow`] (claimed by a relay) and [`OutboxStatus`];
 //! - group commit: a [`Group`] of [`ClaimItem`]s and [`RecordItem`]s, and its [`GroupResult`].
@@ -13,9 +13,9 @@ use uuid::Uuid;
 
 // ---- the claim ledger ----
 
-/// A row's status.
+/// The status of a ledger row, as its column `sent_notifications.status` spells it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Status {
+pub enum LedgerStatus {
     Sending,
     Sent,
     Failed,
@@ -23,38 +23,38 @@ pub enum Status {
     Dead,
 }
 
-impl Status {
+impl LedgerStatus {
     pub fn as_str(self) -> &'static str {
         match self {
-            Status::Sending => "sending",
-            Status::Sent => "sent",
-            Status::Failed => "failed",
-            Status::Uncertain => "uncertain",
-            Status::Dead => "dead",
+            LedgerStatus::Sending => "sending",
+            LedgerStatus::Sent => "sent",
+            LedgerStatus::Failed => "failed",
+            LedgerStatus::Uncertain => "uncertain",
+            LedgerStatus::Dead => "dead",
         }
     }
 
-    pub fn parse(s: &str) -> Option<Status> {
+    pub fn parse(s: &str) -> Option<LedgerStatus> {
         Some(match s {
-            "sending" => Status::Sending,
-            "sent" => Status::Sent,
-            "failed" => Status::Failed,
-            "uncertain" => Status::Uncertain,
-            "dead" => Status::Dead,
+            "sending" => LedgerStatus::Sending,
+            "sent" => LedgerStatus::Sent,
+            "failed" => LedgerStatus::Failed,
+            "uncertain" => LedgerStatus::Uncertain,
+            "dead" => LedgerStatus::Dead,
             _ => return None,
         })
     }
 }
 
-impl TryFrom<String> for Status {
+impl TryFrom<String> for LedgerStatus {
     type Error = String;
 
-    fn try_from(text: String) -> Result<Status, String> {
-        Status::parse(&text).ok_or_else(|| format!("unknown status {text:?}"))
+    fn try_from(text: String) -> Result<LedgerStatus, String> {
+        LedgerStatus::parse(&text).ok_or_else(|| format!("unknown status {text:?}"))
     }
 }
 
-impl std::fmt::Display for Status {
+impl std::fmt::Display for LedgerStatus {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.as_str())
     }
@@ -92,7 +92,7 @@ pub enum Claim {
 /// The state of a row that refused a claim.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ExistingClaim {
-    pub status: Status,
+    pub status: LedgerStatus,
     pub attempts: i32,
     /// Time left on the lease; `None` when there is no lease or it has expired.
     pub lease_remaining: Option<Duration>,
@@ -107,7 +107,7 @@ pub struct Notification {
     pub job_id: String,
     pub kind: String,
     #[sqlx(try_from = "String")]
-    pub status: Status,
+    pub status: LedgerStatus,
     pub attempts: i32,
     pub message_id: String,
     pub smtp_reply: Option<String>,
@@ -126,7 +126,7 @@ pub struct Record<'a> {
     pub kind: &'a str,
     /// The claim this worker holds; `None` records over an expired `sending` row instead.
     pub token: Option<Uuid>,
-    pub status: Status,
+    pub status: LedgerStatus,
     pub smtp_reply: Option<&'a str>,
     pub error: Option<&'a str>,
     /// For a `dead` row: the class of the failure (an `ErrorClass` name).
@@ -194,7 +194,7 @@ pub struct RecordItem {
     pub job_id: String,
     pub kind: String,
     pub token: Uuid,
-    pub status: Status,
+    pub status: LedgerStatus,
     pub smtp_reply: Option<String>,
     pub error: Option<String>,
     pub class: Option<String>,
