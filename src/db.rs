@@ -7,7 +7,8 @@
 //!
 //! - `rows`: the values the others pass around (statuses, claims, records, outbox rows, group
 //!   items); imports nothing of `db`.
-//! - `postgres`, `mysql`: the statements of each engine; import only `rows`.
+//! - `postgres`, `mysql`: the statements of each engine, those of group commit in their
+//!   `group` submodule; import only `rows`.
 //! - `ledger`: the claim ledger (`sent_notifications`), its state machine and what a refused
 //!   claim means.
 //! - `group`: group commit of the ledger's claims and records, the worker's [`group::Ledger`].
