@@ -7,7 +7,8 @@ use std::fmt;
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 
-use crate::db::Database;
+use crate::db::outbox::OutboxStatus;
+use crate::db::{Database, Notification};
 
 /// One job's state.
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -50,13 +51,26 @@ pub async fn job_status(
         if queued.is_none() && ledger.is_none() {
             continue;
         }
+        out.push(JobStatus::of(job_id, kind, ledger, queued));
+    }
+    Ok(out)
+}
+
+impl JobStatus {
+    /// A job's state from its ledger row and its outbox row (at least one of them).
+    fn of(
+        job_id: &str,
+        kind: String,
+        ledger: Option<Notification>,
+        queued: Option<OutboxStatus>,
+    ) -> JobStatus {
         let state = match (&ledger, &queued) {
             (Some(n), _) => n.status.as_str(),
             (None, Some(q)) if q.parked => "parked",
             (None, Some(q)) if q.published_at.is_some() => "published",
             (None, _) => "queued",
         };
-        out.push(JobStatus {
+        JobStatus {
             job_id: job_id.to_string(),
             kind,
             state: state.to_string(),
@@ -80,9 +94,8 @@ pub async fn job_status(
             updated_at: ledger.as_ref().map(|n| n.updated_at),
             sent_at: ledger.as_ref().and_then(|n| n.sent_at),
             template_revision: ledger.as_ref().and_then(|n| n.template_revision.clone()),
-        });
+        }
     }
-    Ok(out)
 }
 
 impl fmt::Display for JobStatus {

@@ -22,9 +22,9 @@ use anyhow::Context;
 use futures_util::{StreamExt, TryStreamExt};
 use lapin::{Connection, options::*, types::FieldTable};
 use mailroom::broker;
+use mailroom::db::Database;
 use mailroom::db::group::Ledger;
-use mailroom::db::notifications::{Claim, ClaimRequest, Record, Status};
-use mailroom::db::{Database, notifications};
+use mailroom::db::{Claim, ClaimRequest, LedgerStatus, Record};
 use mailroom::job::EmailJob;
 use mailroom::render::Templates;
 use mailroom::smtp::{Mailer, MailerSettings};
@@ -261,7 +261,7 @@ async fn claim_and_record(
                 job_id: &job_id,
                 kind: KIND,
                 token: Some(token),
-                status: Status::Sent,
+                status: LedgerStatus::Sent,
                 smtp_reply: Some("250 2.0.0 Ok: queued as 4XYZ"),
                 error: None,
                 class: None,
@@ -364,10 +364,7 @@ async fn pairs(
         .notification(&format!("rawdb-{}", total - 1), KIND)
         .await?
         .map(|r| r.status);
-    anyhow::ensure!(
-        sent == Some(notifications::Status::Sent),
-        "raw db run left {sent:?}"
-    );
+    anyhow::ensure!(sent == Some(LedgerStatus::Sent), "raw db run left {sent:?}");
     Ok((
         n as f64 / elapsed,
         claim.summary(false),

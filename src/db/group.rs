@@ -27,58 +27,12 @@ use tokio::sync::{Semaphore, mpsc, oneshot};
 use uuid::Uuid;
 
 use super::Database;
-use super::notifications::{Claim, ClaimRequest, Record, Status};
+use super::rows::{Claim, ClaimRequest, Record};
+
+pub use super::rows::{ClaimItem, Group, GroupResult, RecordItem};
 
 /// The error of a write; shared, because a group's connection error is every member's.
 pub type LedgerError = Arc<sqlx::Error>;
-
-/// A claim in a group: the claim of [`ClaimRequest`] with the token it will hold.
-#[derive(Clone, Debug)]
-pub struct ClaimItem {
-    pub job_id: String,
-    pub kind: String,
-    pub message_id: String,
-    pub token: Uuid,
-}
-
-/// A record in a group: always by the holder of the claim (`token`).
-#[derive(Clone, Debug)]
-pub struct RecordItem {
-    pub job_id: String,
-    pub kind: String,
-    pub token: Uuid,
-    pub status: Status,
-    pub smtp_reply: Option<String>,
-    pub error: Option<String>,
-    pub class: Option<String>,
-    pub revision: Option<String>,
-}
-
-/// One group: claims sharing a lease and policy, and records; every key at most once.
-#[derive(Debug, Default)]
-pub struct Group {
-    pub lease: Duration,
-    pub resend_uncertain: bool,
-    pub claims: Vec<ClaimItem>,
-    pub records: Vec<RecordItem>,
-}
-
-/// The answers of a group, in the order of its claims and records.
-#[derive(Debug, PartialEq)]
-pub struct GroupResult {
-    pub claims: Vec<Claim>,
-    pub records: Vec<bool>,
-}
-
-impl Group {
-    /// Claims and records in key order, so that two groups lock rows in the same order.
-    pub(super) fn sort(&mut self) {
-        self.claims
-            .sort_by(|a, b| (&a.job_id, &a.kind).cmp(&(&b.job_id, &b.kind)));
-        self.records
-            .sort_by(|a, b| (&a.job_id, &a.kind).cmp(&(&b.job_id, &b.kind)));
-    }
-}
 
 impl Database {
     /// Writes a group of claims and records with one commit.
@@ -206,24 +160,11 @@ impl Ledger {
             ..record.clone()
         };
         let (Some(queue), Some(token)) = (self.queue.as_ref(), record.token) else {
-            return self
-                .db
-                .record_with_revision(record, revision)
-                .await
-                .map_err(Arc::new);
+            return self.record_alone(record, revision).await;
         };
         let (reply, answer) = oneshot::channel();
         let op = Op::Record {
-            item: RecordItem {
-                job_id: record.job_id.to_owned(),
-                kind: record.kind.to_owned(),
-                token,
-                status: record.status,
-                smtp_reply: record.smtp_reply.map(str::to_owned),
-                error: record.error.map(str::to_owned),
-                class: record.class.map(str::to_owned),
-                revision: revision.map(str::to_owned),
-            },
+            item: record_item(record, token, revision),
             reply,
         };
         match queue.send(op).await {
@@ -231,12 +172,34 @@ impl Ledger {
                 Ok(result) => result,
                 Err(_) => Err(Arc::new(writer_gone())),
             },
-            Err(_) => self
-                .db
-                .record_with_revision(record, revision)
-                .await
-                .map_err(Arc::new),
+            Err(_) => self.record_alone(record, revision).await,
         }
+    }
+
+    /// Records on its own, outside any group.
+    async fn record_alone(
+        &self,
+        record: &Record<'_>,
+        revision: Option<&str>,
+    ) -> Result<bool, LedgerError> {
+        self.db
+            .record_with_revision(record, revision)
+            .await
+            .map_err(Arc::new)
+    }
+}
+
+/// A record by the holder of `token`, as a group member.
+fn record_item(record: &Record<'_>, token: Uuid, revision: Option<&str>) -> RecordItem {
+    RecordItem {
+        job_id: record.job_id.to_owned(),
+        kind: record.kind.to_owned(),
+        token,
+        status: record.status,
+        smtp_reply: record.smtp_reply.map(str::to_owned),
+        error: record.error.map(str::to_owned),
+        class: record.class.map(str::to_owned),
+        revision: revision.map(str::to_owned),
     }
 }
 
@@ -277,47 +240,9 @@ async fn write_groups(
         let Ok(slot) = in_flight.clone().acquire_owned().await else {
             return;
         };
-        let mut members: Vec<Op> = Vec::new();
-        let mut keys: HashSet<(String, String)> = HashSet::new();
-        let mut policy: Option<(Duration, bool)> = None;
-        let mut next: VecDeque<Op> = VecDeque::new();
-        let mut admit = |op: Op, members: &mut Vec<Op>, next: &mut VecDeque<Op>| {
-            let (job_id, kind) = op.key();
-            let key = (job_id.to_owned(), kind.to_owned());
-            // A claim fixes the group's lease and policy only once it is admitted.
-            let claim_policy = match &op {
-                Op::Claim {
-                    lease,
-                    resend_uncertain,
-                    ..
-                } => Some((*lease, *resend_uncertain)),
-                Op::Record { .. } => None,
-            };
-            let fits = claim_policy.is_none() || policy.is_none() || policy == claim_policy;
-            if members.len() < max && fits && !keys.contains(&key) {
-                policy = policy.or(claim_policy);
-                keys.insert(key);
-                members.push(op);
-            } else {
-                next.push_back(op);
-            }
+        let Some(members) = gather(&mut queue, &mut waiting, max).await else {
+            return;
         };
-        for op in waiting.drain(..) {
-            admit(op, &mut members, &mut next);
-        }
-        if members.is_empty() {
-            match queue.recv().await {
-                Some(op) => admit(op, &mut members, &mut next),
-                None => return,
-            }
-        }
-        while members.len() < max {
-            match queue.try_recv() {
-                Ok(op) => admit(op, &mut members, &mut next),
-                Err(_) => break,
-            }
-        }
-        waiting = next;
         let (db, stats) = (db.clone(), stats.clone());
         tokio::spawn(async move {
             write(&db, members, &stats).await;
@@ -326,10 +251,102 @@ async fn write_groups(
     }
 }
 
+/// The members of the next group: the writes left `waiting` by the last group, else the next
+/// one to arrive (waiting for it), then whatever else has arrived, up to `max`. Writes that do
+/// not fit are left `waiting` for the group after. `None` when the queue is closed.
+async fn gather(
+    queue: &mut mpsc::Receiver<Op>,
+    waiting: &mut VecDeque<Op>,
+    max: usize,
+) -> Option<Vec<Op>> {
+    let mut group = Gathering::new(max);
+    for op in waiting.drain(..) {
+        group.admit(op);
+    }
+    if group.members.is_empty() {
+        group.admit(queue.recv().await?);
+    }
+    while group.members.len() < max {
+        match queue.try_recv() {
+            Ok(op) => group.admit(op),
+            Err(_) => break,
+        }
+    }
+    *waiting = group.next;
+    Some(group.members)
+}
+
+/// A group being gathered.
+struct Gathering {
+    max: usize,
+    members: Vec<Op>,
+    keys: HashSet<(String, String)>,
+    /// The lease and policy of the group's claims, fixed by the first claim admitted.
+    policy: Option<(Duration, bool)>,
+    /// Writes that could not join (same key as a member, another lease, the group full).
+    next: VecDeque<Op>,
+}
+
+impl Gathering {
+    fn new(max: usize) -> Gathering {
+        Gathering {
+            max,
+            members: Vec::new(),
+            keys: HashSet::new(),
+            policy: None,
+            next: VecDeque::new(),
+        }
+    }
+
+    /// Admits `op` to the group if it fits, or keeps it for the next.
+    fn admit(&mut self, op: Op) {
+        let (job_id, kind) = op.key();
+        let key = (job_id.to_owned(), kind.to_owned());
+        // A claim fixes the group's lease and policy only once it is admitted.
+        let claim_policy = match &op {
+            Op::Claim {
+                lease,
+                resend_uncertain,
+                ..
+            } => Some((*lease, *resend_uncertain)),
+            Op::Record { .. } => None,
+        };
+        let fits = claim_policy.is_none() || self.policy.is_none() || self.policy == claim_policy;
+        if self.members.len() < self.max && fits && !self.keys.contains(&key) {
+            self.policy = self.policy.or(claim_policy);
+            self.keys.insert(key);
+            self.members.push(op);
+        } else {
+            self.next.push_back(op);
+        }
+    }
+}
+
 /// Writes one group and answers its members.
 async fn write(db: &Database, members: Vec<Op>, stats: &LedgerStats) {
+    let group = group_of(&members);
+    stats.groups.fetch_add(1, Ordering::Relaxed);
+    stats
+        .writes
+        .fetch_add(members.len() as u64, Ordering::Relaxed);
+    match db.write_group(&group).await {
+        Ok(result) => answer(&group, result, members),
+        Err(e) if members.len() > 1 && worth_splitting(&e) => {
+            // A statement failed (a deadlock with another worker's group, a key inserted
+            // meanwhile): each write on its own, at once, so none waits behind another.
+            stats.split.fetch_add(1, Ordering::Relaxed);
+            tracing::debug!(error = %e, size = members.len(), "group write failed; writing its members one by one");
+            let alone = members.into_iter().map(|op| write_alone(db, op));
+            futures_util::future::join_all(alone).await;
+        }
+        Err(e) => fail_all(members, Arc::new(e)),
+    }
+}
+
+/// The group the members write, in key order.
+fn group_of(members: &[Op]) -> Group {
     let mut group = Group::default();
-    for op in &members {
+    for op in members {
         match op {
             Op::Claim {
                 item,
@@ -344,32 +361,19 @@ async fn write(db: &Database, members: Vec<Op>, stats: &LedgerStats) {
             Op::Record { item, .. } => group.records.push(item.clone()),
         }
     }
-    stats.groups.fetch_add(1, Ordering::Relaxed);
-    stats
-        .writes
-        .fetch_add(members.len() as u64, Ordering::Relaxed);
     group.sort();
-    match db.write_group(&group).await {
-        Ok(result) => answer(&group, result, members),
-        Err(e) if members.len() > 1 && worth_splitting(&e) => {
-            // A statement failed (a deadlock with another worker's group, a key inserted
-            // meanwhile): each write on its own, at once, so none waits behind another.
-            stats.split.fetch_add(1, Ordering::Relaxed);
-            tracing::debug!(error = %e, size = members.len(), "group write failed; writing its members one by one");
-            let alone = members.into_iter().map(|op| write_alone(db, op));
-            futures_util::future::join_all(alone).await;
-        }
-        Err(e) => {
-            let e = Arc::new(e);
-            for op in members {
-                match op {
-                    Op::Claim { reply, .. } => {
-                        let _ = reply.send(Err(e.clone()));
-                    }
-                    Op::Record { reply, .. } => {
-                        let _ = reply.send(Err(e.clone()));
-                    }
-                }
+    group
+}
+
+/// Answers every member with the group's error.
+fn fail_all(members: Vec<Op>, e: LedgerError) {
+    for op in members {
+        match op {
+            Op::Claim { reply, .. } => {
+                let _ = reply.send(Err(e.clone()));
+            }
+            Op::Record { reply, .. } => {
+                let _ = reply.send(Err(e.clone()));
             }
         }
     }

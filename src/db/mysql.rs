@@ -1,4 +1,5 @@
-//! MySQL 8 / MariaDB ≥ 10.6 (InnoDB) statements of the claim ledger and the outbox.
+//! MySQL 8 / MariaDB ≥ 10.6 (InnoDB) statements of the claim ledger and the outbox; those of
+//! group commit are in `mysql/group.rs`.
 //!
 //! MySQL has no `ON CONFLICT … RETURNING`, so the claim is a plain `INSERT` whose duplicate-key
 //! error (1062) is caught, then a guarded `UPDATE` that takes over only a claimable row. Neither
@@ -18,8 +19,13 @@ use sqlx::mysql::MySqlDatabaseError;
 use sqlx::{MySqlConnection, MySqlPool, QueryBuilder, Row};
 use uuid::Uuid;
 
-use super::notifications::{Claim, ClaimRequest, ExistingClaim, Notification, Record, Status};
-use super::outbox::{OutboxRow, OutboxStatus, PendingRow};
+use super::rows::{
+    Claim, ClaimRequest, ExistingClaim, LedgerStatus, Notification, OutboxRow, OutboxStatus,
+    PendingRow, Record,
+};
+
+mod group;
+pub(super) use group::write_group;
 
 /// MySQL's "Duplicate entry … for key …".
 const ER_DUP_ENTRY: u16 = 1062;
@@ -62,31 +68,10 @@ FROM sent_notifications WHERE job_id = ? AND kind = ?";
 
 pub(super) async fn claim(pool: &MySqlPool, req: &ClaimRequest<'_>) -> Result<Claim, sqlx::Error> {
     let token = req.token;
-    let lease = micros(req.lease);
-    let inserted = sqlx::query(INSERT_CLAIM)
-        .bind(req.job_id)
-        .bind(req.kind)
-        .bind(lease)
-        .bind(token)
-        .bind(req.message_id)
-        .execute(pool)
-        .await;
-    match inserted {
-        Ok(_) => return Ok(Claim::Claimed { attempt: 1, token }),
-        Err(e) if is_duplicate_key(&e) => {}
-        Err(e) => return Err(e),
+    if insert_claim(pool, req).await? {
+        return Ok(Claim::Claimed { attempt: 1, token });
     }
-    let taken = sqlx::query(TAKE_OVER)
-        .bind(lease)
-        .bind(token)
-        .bind(req.job_id)
-        .bind(req.kind)
-        .bind(req.resend_uncertain)
-        .bind(req.resend_uncertain)
-        .bind(req.replay)
-        .execute(pool)
-        .await?
-        .rows_affected();
+    let taken = take_over(pool, req).await?;
     // A fresh statement (READ COMMITTED) sees the row as it is now, ours or someone else's.
     let Some(row) = sqlx::query(READ_CLAIM)
         .bind(req.job_id)
@@ -106,15 +91,39 @@ pub(super) async fn claim(pool: &MySqlPool, req: &ClaimRequest<'_>) -> Result<Cl
     }
     // Taken over and lost again within the two statements (a lease shorter than a round trip,
     // in practice never): report the row as it is; the delivery retries shortly.
-    Ok(Claim::Refused(Some(ExistingClaim {
-        status: parse_status(row.try_get("status")?)?,
-        attempts,
-        lease_remaining: row
-            .try_get::<Option<i64>, _>("lease_left_us")?
-            .map(|us| Duration::from_micros(us.max(0) as u64)),
-        error_class: row.try_get("error_class")?,
-        last_error: row.try_get("last_error")?,
-    })))
+    Ok(Claim::Refused(Some(existing_claim(&row)?)))
+}
+
+/// Inserts the claim's row; false when `(job_id, kind)` has one already.
+async fn insert_claim(pool: &MySqlPool, req: &ClaimRequest<'_>) -> Result<bool, sqlx::Error> {
+    let inserted = sqlx::query(INSERT_CLAIM)
+        .bind(req.job_id)
+        .bind(req.kind)
+        .bind(micros(req.lease))
+        .bind(req.token)
+        .bind(req.message_id)
+        .execute(pool)
+        .await;
+    match inserted {
+        Ok(_) => Ok(true),
+        Err(e) if is_duplicate_key(&e) => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+/// Takes the existing row over if it may be retried; the number of rows taken (0 or 1).
+async fn take_over(pool: &MySqlPool, req: &ClaimRequest<'_>) -> Result<u64, sqlx::Error> {
+    let done = sqlx::query(TAKE_OVER)
+        .bind(micros(req.lease))
+        .bind(req.token)
+        .bind(req.job_id)
+        .bind(req.kind)
+        .bind(req.resend_uncertain)
+        .bind(req.resend_uncertain)
+        .bind(req.replay)
+        .execute(pool)
+        .await?;
+    Ok(done.rows_affected())
 }
 
 /// With a token: only the claim holder may record. Without: only over an expired `sending` row.
@@ -200,8 +209,8 @@ pub(super) async fn notification(
         .await
 }
 
-fn parse_status(text: String) -> Result<Status, sqlx::Error> {
-    Status::parse(&text)
+fn parse_status(text: String) -> Result<LedgerStatus, sqlx::Error> {
+    LedgerStatus::parse(&text)
         .ok_or_else(|| sqlx::Error::Decode(format!("unknown status {text:?}").into()))
 }
 
@@ -356,210 +365,6 @@ pub(super) async fn kinds_of_job(
     .bind(job_id)
     .fetch_all(pool)
     .await
-}
-
-// ---- group commit (see `group.rs`) ----
-
-/// Row `i` of a derived table of bound values, `SELECT ? AS job_id, ? AS kind, ? AS token`
-/// (`UNION ALL` before every row but the first), which MySQL 8 and MariaDB both read (their
-/// `VALUES` constructors differ). The caller may add columns.
-fn push_union_row(
-    q: &mut QueryBuilder<sqlx::MySql>,
-    i: usize,
-    job_id: &str,
-    kind: &str,
-    token: Uuid,
-) {
-    q.push(if i == 0 {
-        "SELECT "
-    } else {
-        " UNION ALL SELECT "
-    })
-    .push_bind(job_id.to_owned())
-    .push(" AS job_id, ")
-    .push_bind(kind.to_owned())
-    .push(" AS kind, ")
-    .push_bind(token)
-    .push(" AS token");
-}
-
-/// `(job_id = ? AND kind = ?) OR …` over `keys`, for the unique key's range scan.
-fn push_keys<'a>(
-    q: &mut QueryBuilder<sqlx::MySql>,
-    keys: impl Iterator<Item = (&'a str, &'a str)>,
-) {
-    let mut first = true;
-    for (job_id, kind) in keys {
-        q.push(if first { "(" } else { " OR (" });
-        first = false;
-        q.push("job_id = ")
-            .push_bind(job_id)
-            .push(" AND kind = ")
-            .push_bind(kind)
-            .push(")");
-    }
-}
-
-/// The claims and records of a group in one transaction, so one commit:
-/// 1. which of the claimed keys have a row already (a plain read);
-/// 2. one multi-row `INSERT` of the others (a key inserted meanwhile by another worker fails
-///    the group with 1062, and its writes are done one by one);
-/// 3. one guarded takeover `UPDATE … JOIN` of the existing rows, each with its own token;
-/// 4. one `UPDATE … JOIN` of the records, each guarded by its token;
-/// 5. a read of the rows whose outcome the counts do not tell (taken over or not, recorded or
-///    not): the token in the row says whose claim it is.
-pub(super) async fn write_group(
-    pool: &MySqlPool,
-    group: &super::group::Group,
-) -> Result<super::group::GroupResult, sqlx::Error> {
-    use std::collections::{HashMap, HashSet};
-    let lease = micros(group.lease);
-    let mut tx = pool.begin().await?;
-    let mut existing: HashSet<(String, String)> = HashSet::new();
-    if !group.claims.is_empty() {
-        let mut q = QueryBuilder::new(
-            "SELECT CAST(job_id AS CHAR CHARACTER SET utf8mb4) AS job_id, kind \
-             FROM sent_notifications WHERE ",
-        );
-        push_keys(
-            &mut q,
-            group
-                .claims
-                .iter()
-                .map(|c| (c.job_id.as_str(), c.kind.as_str())),
-        );
-        for row in q.build().fetch_all(&mut *tx).await? {
-            existing.insert((row.try_get("job_id")?, row.try_get("kind")?));
-        }
-    }
-    let is_new =
-        |c: &&super::group::ClaimItem| !existing.contains(&(c.job_id.clone(), c.kind.clone()));
-    let fresh: Vec<&super::group::ClaimItem> = group.claims.iter().filter(is_new).collect();
-    let old: Vec<&super::group::ClaimItem> = group.claims.iter().filter(|c| !is_new(c)).collect();
-    if !fresh.is_empty() {
-        let mut q = QueryBuilder::new(
-            "INSERT INTO sent_notifications \
-             (job_id, kind, status, attempts, lease_until, claim_token, message_id) ",
-        );
-        q.push_values(&fresh, |mut b, c| {
-            b.push_bind(c.job_id.as_str())
-                .push_bind(c.kind.as_str())
-                .push("'sending'")
-                .push("1")
-                .push("UTC_TIMESTAMP(6) + INTERVAL ")
-                .push_bind_unseparated(lease)
-                .push_unseparated(" MICROSECOND")
-                .push_bind(c.token)
-                .push_bind(c.message_id.as_str());
-        });
-        q.build().execute(&mut *tx).await?;
-    }
-    if !old.is_empty() {
-        let mut q = QueryBuilder::new("UPDATE sent_notifications n JOIN (");
-        for (i, c) in old.iter().enumerate() {
-            push_union_row(&mut q, i, &c.job_id, &c.kind, c.token);
-        }
-        q.push(
-            ") c ON n.job_id = c.job_id AND n.kind = c.kind \
-             SET n.status = 'sending', n.attempts = n.attempts + 1, \
-                 n.lease_until = UTC_TIMESTAMP(6) + INTERVAL ",
-        )
-        .push_bind(lease)
-        .push(
-            " MICROSECOND, n.claim_token = c.token, n.updated_at = UTC_TIMESTAMP(6) \
-             WHERE n.status = 'failed' \
-                OR (",
-        )
-        .push_bind(group.resend_uncertain)
-        .push(" AND n.status = 'sending' AND n.lease_until < UTC_TIMESTAMP(6)) OR (")
-        .push_bind(group.resend_uncertain)
-        .push(" AND n.status = 'uncertain')");
-        q.build().execute(&mut *tx).await?;
-    }
-    let mut all_recorded = true;
-    if !group.records.is_empty() {
-        let mut q = QueryBuilder::new("UPDATE sent_notifications n JOIN (");
-        for (i, r) in group.records.iter().enumerate() {
-            push_union_row(&mut q, i, &r.job_id, &r.kind, r.token);
-            q.push(", ")
-                .push_bind(r.status.as_str())
-                .push(" AS status, ")
-                .push_bind(r.smtp_reply.as_deref())
-                .push(" AS reply, ")
-                .push_bind(r.error.as_deref())
-                .push(" AS error, ")
-                .push_bind(r.class.as_deref())
-                .push(" AS class, ")
-                .push_bind(r.revision.as_deref())
-                .push(" AS revision");
-        }
-        // `sent_at` tests the bound status, not the column assigned before it.
-        q.push(
-            ") r ON n.job_id = r.job_id AND n.kind = r.kind AND n.claim_token = r.token \
-             SET n.status = r.status, \
-                 n.smtp_reply = COALESCE(r.reply, n.smtp_reply), \
-                 n.last_error = r.error, \
-                 n.error_class = r.class, \
-                 n.template_revision = COALESCE(r.revision, n.template_revision), \
-                 n.lease_until = NULL, \
-                 n.sent_at = CASE WHEN r.status = 'sent' THEN UTC_TIMESTAMP(6) ELSE n.sent_at END, \
-                 n.updated_at = UTC_TIMESTAMP(6)",
-        );
-        // CLIENT_FOUND_ROWS: each record matches at most its one row, by token.
-        let done = q.build().execute(&mut *tx).await?;
-        all_recorded = done.rows_affected() == group.records.len() as u64;
-    }
-    let mut rows: HashMap<(String, String), (Option<Uuid>, ExistingClaim)> = HashMap::new();
-    let unknown_records = group.records.iter().filter(|_| !all_recorded);
-    let to_read: Vec<(&str, &str)> = old
-        .iter()
-        .map(|c| (c.job_id.as_str(), c.kind.as_str()))
-        .chain(unknown_records.map(|r| (r.job_id.as_str(), r.kind.as_str())))
-        .collect();
-    if !to_read.is_empty() {
-        let mut q = QueryBuilder::new(
-            "SELECT CAST(job_id AS CHAR CHARACTER SET utf8mb4) AS job_id, kind, status, attempts, \
-             claim_token, error_class, last_error, \
-             CASE WHEN lease_until > UTC_TIMESTAMP(6) \
-                  THEN TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), lease_until) END AS lease_left_us \
-             FROM sent_notifications WHERE ",
-        );
-        push_keys(&mut q, to_read.into_iter());
-        for row in q.build().fetch_all(&mut *tx).await? {
-            let key = (row.try_get("job_id")?, row.try_get("kind")?);
-            rows.insert(key, (row.try_get("claim_token")?, existing_claim(&row)?));
-        }
-    }
-    tx.commit().await?;
-    let claims = group
-        .claims
-        .iter()
-        .map(|c| match rows.get(&(c.job_id.clone(), c.kind.clone())) {
-            None if !existing.contains(&(c.job_id.clone(), c.kind.clone())) => Claim::Claimed {
-                attempt: 1,
-                token: c.token,
-            },
-            Some((holder, row)) if *holder == Some(c.token) => Claim::Claimed {
-                attempt: row.attempts,
-                token: c.token,
-            },
-            Some((_, row)) => Claim::Refused(Some(row.clone())),
-            // Deleted between the read and the takeover (retention).
-            None => Claim::Refused(None),
-        })
-        .collect();
-    // A record whose row still holds its token was written (the record keeps the token).
-    let records = group
-        .records
-        .iter()
-        .map(|r| {
-            all_recorded
-                || rows
-                    .get(&(r.job_id.clone(), r.kind.clone()))
-                    .is_some_and(|(holder, _)| *holder == Some(r.token))
-        })
-        .collect();
-    Ok(super::group::GroupResult { claims, records })
 }
 
 fn existing_claim(row: &sqlx::mysql::MySqlRow) -> Result<ExistingClaim, sqlx::Error> {

@@ -17,6 +17,8 @@ use crate::door::{self, Admitted};
 use crate::job::{EmailJob, JobError};
 use crate::render::Templates;
 
+pub use super::rows::{OutboxStatus, PendingRow};
+
 /// The channel the PostgreSQL outbox trigger notifies.
 pub const NOTIFY_CHANNEL: &str = "mailroom_outbox";
 
@@ -132,16 +134,6 @@ pub async fn insert_admitted<C: OutboxWriter + ?Sized>(
     Ok(id.map_or(Enqueued::AlreadyQueued, Enqueued::New))
 }
 
-/// An outbox row claimed by a relay.
-#[derive(Clone, Debug, sqlx::FromRow)]
-pub struct PendingRow {
-    pub id: i64,
-    pub job_id: String,
-    pub kind: String,
-    pub payload: String,
-    pub publish_attempts: i32,
-}
-
 /// A transaction holding the row locks of one relay batch: other relays skip these rows until
 /// it commits (or its connection dies, which rolls it back and frees them).
 pub struct OutboxBatch {
@@ -205,38 +197,6 @@ impl OutboxBatch {
             BatchTx::MySql(tx) => tx.commit().await,
         }
     }
-}
-
-/// The outbox columns of a job's status, as both engines read them.
-#[derive(sqlx::FromRow)]
-pub(super) struct OutboxRow {
-    created_at: chrono::DateTime<chrono::Utc>,
-    published_at: Option<chrono::DateTime<chrono::Utc>>,
-    publish_attempts: i32,
-    last_error: Option<String>,
-    parked_at: Option<chrono::DateTime<chrono::Utc>>,
-}
-
-impl From<OutboxRow> for OutboxStatus {
-    fn from(r: OutboxRow) -> OutboxStatus {
-        OutboxStatus {
-            created_at: r.created_at,
-            published_at: r.published_at,
-            publish_attempts: r.publish_attempts,
-            last_error: r.last_error,
-            parked: r.parked_at.is_some(),
-        }
-    }
-}
-
-/// The outbox side of a job's status.
-#[derive(Clone, Debug, PartialEq)]
-pub struct OutboxStatus {
-    pub created_at: chrono::DateTime<chrono::Utc>,
-    pub published_at: Option<chrono::DateTime<chrono::Utc>>,
-    pub publish_attempts: i32,
-    pub last_error: Option<String>,
-    pub parked: bool,
 }
 
 impl Database {

@@ -1,13 +1,16 @@
-//! PostgreSQL statements of the claim ledger and the outbox. Times come from the database clock
-//! (`now()`), so workers on machines with skewed clocks still agree on leases.
+//! PostgreSQL statements of the claim ledger and the outbox; those of group commit are in
+//! `postgres/group.rs`. Times come from the database clock (`now()`), so workers on machines
+//! with skewed clocks still agree on leases.
 
 use std::time::Duration;
 
 use sqlx::{PgConnection, PgPool, Row};
 use uuid::Uuid;
 
-use super::notifications::{Claim, ClaimRequest, ExistingClaim, Notification, Record, Status};
-use super::outbox::{OutboxRow, OutboxStatus, PendingRow};
+use super::rows::{
+    Claim, ClaimRequest, ExistingClaim, LedgerStatus, Notification, OutboxRow, OutboxStatus,
+    PendingRow, Record,
+};
 
 /// The takeover of an existing row by a claim, shared by the single and the group claim: `$6`
 /// is the claim's `resend_uncertain`.
@@ -25,6 +28,10 @@ WHERE n.status = 'failed'
    OR ($6 AND n.status = 'uncertain')"
     };
 }
+
+// After `take_over!`, which its statements use too.
+mod group;
+pub(super) use group::write_group;
 
 /// Inserts a `sending` row with a lease, or takes over a row that may be retried (a replay,
 /// `$7`, also a `dead` or `uncertain` one). No row comes back when the claim is refused.
@@ -289,135 +296,9 @@ pub(super) async fn oldest_unpublished_age(pool: &PgPool) -> Result<Option<f64>,
     .await
 }
 
-fn parse_status(text: String) -> Result<Status, sqlx::Error> {
-    Status::parse(&text)
+fn parse_status(text: String) -> Result<LedgerStatus, sqlx::Error> {
+    LedgerStatus::parse(&text)
         .ok_or_else(|| sqlx::Error::Decode(format!("unknown status {text:?}").into()))
-}
-
-// ---- group commit (see `group.rs`) ----
-
-/// The claims and records of a group in one statement, so one commit. The two CTEs touch
-/// different keys (a group holds each key once). Claims insert in key order, so two groups
-/// lock rows in the same order.
-const WRITE_GROUP: &str = concat!(
-    "
-WITH claimed AS (
-    INSERT INTO sent_notifications AS n
-        (job_id, kind, status, attempts, lease_until, claim_token, message_id)
-    SELECT c.job_id, c.kind, 'sending', 1, now() + make_interval(secs => $5), c.token, c.message_id
-    FROM unnest($1::text[], $2::text[], $3::uuid[], $4::text[]) AS c(job_id, kind, token, message_id)
-    ORDER BY c.job_id, c.kind",
-    take_over!(),
-    "
-    RETURNING n.job_id, n.kind, n.attempts
-), recorded AS (
-    UPDATE sent_notifications AS n
-    SET status = r.status,
-        smtp_reply = COALESCE(r.reply, n.smtp_reply),
-        last_error = r.error,
-        error_class = r.class,
-        template_revision = COALESCE(r.revision, n.template_revision),
-        lease_until = NULL,
-        sent_at = CASE WHEN r.status = 'sent' THEN now() ELSE n.sent_at END,
-        updated_at = now()
-    FROM unnest($7::text[], $8::text[], $9::uuid[], $10::text[], $11::text[], $12::text[],
-                $13::text[], $14::text[])
-         AS r(job_id, kind, token, status, reply, error, class, revision)
-    WHERE n.job_id = r.job_id AND n.kind = r.kind AND n.claim_token = r.token
-    RETURNING n.job_id, n.kind
-)
-SELECT true AS claim, job_id, kind, attempts FROM claimed
-UNION ALL
-SELECT false, job_id, kind, NULL FROM recorded"
-);
-
-/// The rows that refused some of a group's claims, read after the group's statement.
-const READ_CLAIMS: &str = "
-SELECT n.job_id, n.kind, status, attempts, error_class, last_error,
-       CASE WHEN lease_until > now()
-            THEN EXTRACT(EPOCH FROM (lease_until - now()))::float8 END AS lease_left
-FROM sent_notifications n
-JOIN unnest($1::text[], $2::text[]) AS k(job_id, kind)
-  ON n.job_id = k.job_id AND n.kind = k.kind";
-
-pub(super) async fn write_group(
-    pool: &PgPool,
-    group: &super::group::Group,
-) -> Result<super::group::GroupResult, sqlx::Error> {
-    use std::collections::{HashMap, HashSet};
-    let c = &group.claims;
-    let r = &group.records;
-    let rows = sqlx::query(WRITE_GROUP)
-        .bind(c.iter().map(|c| c.job_id.as_str()).collect::<Vec<_>>())
-        .bind(c.iter().map(|c| c.kind.as_str()).collect::<Vec<_>>())
-        .bind(c.iter().map(|c| c.token).collect::<Vec<_>>())
-        .bind(c.iter().map(|c| c.message_id.as_str()).collect::<Vec<_>>())
-        .bind(group.lease.as_secs_f64())
-        .bind(group.resend_uncertain)
-        .bind(r.iter().map(|r| r.job_id.as_str()).collect::<Vec<_>>())
-        .bind(r.iter().map(|r| r.kind.as_str()).collect::<Vec<_>>())
-        .bind(r.iter().map(|r| r.token).collect::<Vec<_>>())
-        .bind(r.iter().map(|r| r.status.as_str()).collect::<Vec<_>>())
-        .bind(
-            r.iter()
-                .map(|r| r.smtp_reply.as_deref())
-                .collect::<Vec<_>>(),
-        )
-        .bind(r.iter().map(|r| r.error.as_deref()).collect::<Vec<_>>())
-        .bind(r.iter().map(|r| r.class.as_deref()).collect::<Vec<_>>())
-        .bind(r.iter().map(|r| r.revision.as_deref()).collect::<Vec<_>>())
-        .fetch_all(pool)
-        .await?;
-    let mut claimed: HashMap<(String, String), i32> = HashMap::new();
-    let mut recorded: HashSet<(String, String)> = HashSet::new();
-    for row in rows {
-        let key = (row.try_get("job_id")?, row.try_get("kind")?);
-        if row.try_get("claim")? {
-            claimed.insert(key, row.try_get("attempts")?);
-        } else {
-            recorded.insert(key);
-        }
-    }
-    let refused: Vec<&super::group::ClaimItem> = c
-        .iter()
-        .filter(|c| !claimed.contains_key(&(c.job_id.clone(), c.kind.clone())))
-        .collect();
-    let mut existing: HashMap<(String, String), ExistingClaim> = HashMap::new();
-    if !refused.is_empty() {
-        // A fresh statement sees the rows that refused us, as in `claim`.
-        let rows = sqlx::query(READ_CLAIMS)
-            .bind(
-                refused
-                    .iter()
-                    .map(|c| c.job_id.as_str())
-                    .collect::<Vec<_>>(),
-            )
-            .bind(refused.iter().map(|c| c.kind.as_str()).collect::<Vec<_>>())
-            .fetch_all(pool)
-            .await?;
-        for row in rows {
-            let key = (row.try_get("job_id")?, row.try_get("kind")?);
-            existing.insert(key, existing_claim(&row)?);
-        }
-    }
-    let claims = c
-        .iter()
-        .map(|c| {
-            let key = (c.job_id.clone(), c.kind.clone());
-            match claimed.get(&key) {
-                Some(&attempt) => Claim::Claimed {
-                    attempt,
-                    token: c.token,
-                },
-                None => Claim::Refused(existing.remove(&key)),
-            }
-        })
-        .collect();
-    let records = r
-        .iter()
-        .map(|r| recorded.contains(&(r.job_id.clone(), r.kind.clone())))
-        .collect();
-    Ok(super::group::GroupResult { claims, records })
 }
 
 fn existing_claim(row: &sqlx::postgres::PgRow) -> Result<ExistingClaim, sqlx::Error> {

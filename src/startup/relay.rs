@@ -7,7 +7,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::{BrokerConfig, spawn_metrics, stop_metrics};
 use crate::config::SecretUrl;
-use crate::db::Database;
+use crate::db::{Database, OnAcquire};
 use crate::metrics::Metrics;
 use crate::relay::{Relay, RelaySettings};
 
@@ -54,7 +54,7 @@ pub fn build_relay(
     tuning: &RelayTuning,
 ) -> anyhow::Result<Relay> {
     // The relay retries a failed batch or probe on its next turn: no ping before each use.
-    let db = Database::connect_lazy_with(database_url, 4, false)?;
+    let db = Database::connect_lazy_with(database_url, 4, OnAcquire::NoPing)?;
     let settings = RelaySettings {
         amqp: broker.amqp_url.clone(),
         topology: broker.topology(),

@@ -69,7 +69,7 @@ use stateright::{Model, Property};
 
 use super::process::ErrorClass;
 use crate::config::OnUncertain;
-use crate::db::notifications::{ExistingClaim, Status, judge_refusal};
+use crate::db::{ExistingClaim, LedgerStatus as Status, judge_refusal};
 
 /// The lease, in ticks of the model's clock (`MAILROOM_LEASE`). The smallest that covers a send.
 const LEASE: u8 = 3;

@@ -19,7 +19,7 @@ use super::stats::Stats;
 use crate::broker;
 use crate::config::OnUncertain;
 use crate::db::is_data_error;
-use crate::db::notifications::{Claim, ClaimRequest, Record, Refusal, Status, judge_refusal};
+use crate::db::{Claim, ClaimRequest, LedgerStatus as Status, Record, Refusal, judge_refusal};
 use crate::failpoint;
 use crate::job::{EmailJob, ValidJob, mask_addresses, mask_email};
 use crate::render::Templates;

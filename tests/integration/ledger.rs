@@ -5,8 +5,8 @@
 use std::time::Duration;
 
 use mailroom::db::group::{ClaimItem, Group, Ledger, RecordItem};
-use mailroom::db::notifications::{Claim, ClaimRequest, Record};
-use mailroom::db::{Database, Status};
+use mailroom::db::{Claim, ClaimRequest, Record};
+use mailroom::db::{Database, LedgerStatus as Status};
 use uuid::Uuid;
 
 use crate::helpers::TestApp;

@@ -8,7 +8,7 @@ use std::time::Duration;
 use futures_util::future::join_all;
 use mailroom::db::group::Ledger;
 use mailroom::db::is_data_error;
-use mailroom::db::notifications::{Claim, ClaimRequest};
+use mailroom::db::{Claim, ClaimRequest};
 
 use crate::helpers::*;
 

@@ -7,7 +7,7 @@ use super::{
     RowStatus, SAFETY, SMTP_TIMEOUT, Step, TIERS, Unrecorded, World, Write, judge_refusal,
 };
 use crate::config::OnUncertain;
-use crate::db::notifications::Refusal;
+use crate::db::Refusal;
 
 impl Mailroom {
     /// The actions enabled in `world`, in a fixed order.

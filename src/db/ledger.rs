@@ -18,93 +18,7 @@ use uuid::Uuid;
 
 use super::{Database, mysql, postgres};
 
-/// A row's status.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Status {
-    Sending,
-    Sent,
-    Failed,
-    Uncertain,
-    Dead,
-}
-
-impl Status {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Status::Sending => "sending",
-            Status::Sent => "sent",
-            Status::Failed => "failed",
-            Status::Uncertain => "uncertain",
-            Status::Dead => "dead",
-        }
-    }
-
-    pub fn parse(s: &str) -> Option<Status> {
-        Some(match s {
-            "sending" => Status::Sending,
-            "sent" => Status::Sent,
-            "failed" => Status::Failed,
-            "uncertain" => Status::Uncertain,
-            "dead" => Status::Dead,
-            _ => return None,
-        })
-    }
-}
-
-impl TryFrom<String> for Status {
-    type Error = String;
-
-    fn try_from(text: String) -> Result<Status, String> {
-        Status::parse(&text).ok_or_else(|| format!("unknown status {text:?}"))
-    }
-}
-
-impl std::fmt::Display for Status {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-/// What a worker asks for when it claims a job.
-#[derive(Clone, Debug)]
-pub struct ClaimRequest<'a> {
-    pub job_id: &'a str,
-    pub kind: &'a str,
-    pub message_id: &'a str,
-    /// The token the claim will hold, chosen before it is sent: when the commit's outcome is
-    /// unknown (the connection broke during it), the worker can still find and give back a
-    /// claim that did commit.
-    pub token: Uuid,
-    /// How long the claim is exclusive; longer than the SMTP timeout plus the time to record.
-    pub lease: Duration,
-    /// Whether an `uncertain` row, or a `sending` row whose lease expired, may be taken over
-    /// (`MAILROOM_ON_UNCERTAIN=resend`).
-    pub resend_uncertain: bool,
-    /// A copy replayed from the dead-letter queue: a `dead` or `uncertain` row may be taken over
-    /// (one more claim per replayed copy). A `sent` row never is.
-    pub replay: bool,
-}
-
-/// The answer to a claim.
-#[derive(Clone, Debug, PartialEq)]
-pub enum Claim {
-    /// This worker owns the row until the lease ends; `attempt` counts claims, this one included.
-    Claimed { attempt: i32, token: Uuid },
-    /// Someone else's row, as it was read right after the refusal (`None`: it vanished).
-    Refused(Option<ExistingClaim>),
-}
-
-/// The state of a row that refused a claim.
-#[derive(Clone, Debug, PartialEq)]
-pub struct ExistingClaim {
-    pub status: Status,
-    pub attempts: i32,
-    /// Time left on the lease; `None` when there is no lease or it has expired.
-    pub lease_remaining: Option<Duration>,
-    /// For a `dead` row: the class and reason it was dead-lettered with.
-    pub error_class: Option<String>,
-    pub last_error: Option<String>,
-}
+pub use super::rows::{Claim, ClaimRequest, ExistingClaim, LedgerStatus, Notification, Record};
 
 /// What a refused claim means for the delivery at hand.
 #[derive(Clone, Debug, PartialEq)]
@@ -130,54 +44,24 @@ pub fn judge_refusal(existing: Option<&ExistingClaim>, resend_uncertain: bool) -
         };
     };
     match (existing.status, existing.lease_remaining) {
-        (Status::Sent, _) => Refusal::AlreadySent,
-        (Status::Dead, _) => Refusal::AlreadyDead,
-        (Status::Sending, Some(left)) => Refusal::Busy { after: left },
+        (LedgerStatus::Sent, _) => Refusal::AlreadySent,
+        (LedgerStatus::Dead, _) => Refusal::AlreadyDead,
+        (LedgerStatus::Sending, Some(left)) => Refusal::Busy { after: left },
         // With `resend` the claim takes such a row over, so it was refused in another state
         // and the row changed before it was read (a lease expiring in between, a holder
         // recording `uncertain`): claim again, never dead-letter (found by the chaos soak).
-        (Status::Sending, None) | (Status::Uncertain, _) if resend_uncertain => Refusal::Busy {
-            after: Duration::ZERO,
-        },
+        (LedgerStatus::Sending, None) | (LedgerStatus::Uncertain, _) if resend_uncertain => {
+            Refusal::Busy {
+                after: Duration::ZERO,
+            }
+        }
         // Refused although expired or uncertain: the policy forbids resending.
-        (Status::Sending, None) | (Status::Uncertain, _) => Refusal::Uncertain,
+        (LedgerStatus::Sending, None) | (LedgerStatus::Uncertain, _) => Refusal::Uncertain,
         // `failed` is always claimable; it was refused only because it changed meanwhile.
-        (Status::Failed, _) => Refusal::Busy {
+        (LedgerStatus::Failed, _) => Refusal::Busy {
             after: Duration::ZERO,
         },
     }
-}
-
-/// One row, as `status` and the tests read it.
-#[derive(Clone, Debug, PartialEq, sqlx::FromRow)]
-pub struct Notification {
-    pub job_id: String,
-    pub kind: String,
-    #[sqlx(try_from = "String")]
-    pub status: Status,
-    pub attempts: i32,
-    pub message_id: String,
-    pub smtp_reply: Option<String>,
-    pub last_error: Option<String>,
-    pub created_at: chrono::DateTime<chrono::Utc>,
-    pub updated_at: chrono::DateTime<chrono::Utc>,
-    pub sent_at: Option<chrono::DateTime<chrono::Utc>>,
-    /// Revision (content hash) of the template set that rendered the sent email.
-    pub template_revision: Option<String>,
-}
-
-/// The result to record after an attempt.
-#[derive(Clone, Debug)]
-pub struct Record<'a> {
-    pub job_id: &'a str,
-    pub kind: &'a str,
-    /// The claim this worker holds; `None` records over an expired `sending` row instead.
-    pub token: Option<Uuid>,
-    pub status: Status,
-    pub smtp_reply: Option<&'a str>,
-    pub error: Option<&'a str>,
-    /// For a `dead` row: the class of the failure (an `ErrorClass` name).
-    pub class: Option<&'a str>,
 }
 
 impl Database {
@@ -241,7 +125,7 @@ impl Database {
 mod tests {
     use super::*;
 
-    fn row(status: Status, lease: Option<u64>) -> ExistingClaim {
+    fn row(status: LedgerStatus, lease: Option<u64>) -> ExistingClaim {
         ExistingClaim {
             status,
             attempts: 1,
@@ -254,7 +138,7 @@ mod tests {
     #[test]
     fn sent_row_is_a_duplicate_to_acknowledge() {
         assert_eq!(
-            judge_refusal(Some(&row(Status::Sent, None)), false),
+            judge_refusal(Some(&row(LedgerStatus::Sent, None)), false),
             Refusal::AlreadySent
         );
     }
@@ -262,7 +146,7 @@ mod tests {
     #[test]
     fn dead_row_is_not_resent_without_replay() {
         assert_eq!(
-            judge_refusal(Some(&row(Status::Dead, None)), false),
+            judge_refusal(Some(&row(LedgerStatus::Dead, None)), false),
             Refusal::AlreadyDead
         );
     }
@@ -270,7 +154,7 @@ mod tests {
     #[test]
     fn live_lease_means_retry_after_it_ends() {
         assert_eq!(
-            judge_refusal(Some(&row(Status::Sending, Some(42))), false),
+            judge_refusal(Some(&row(LedgerStatus::Sending, Some(42))), false),
             Refusal::Busy {
                 after: Duration::from_secs(42)
             }
@@ -280,11 +164,11 @@ mod tests {
     #[test]
     fn expired_or_uncertain_refused_means_the_policy_forbids_resending() {
         assert_eq!(
-            judge_refusal(Some(&row(Status::Sending, None)), false),
+            judge_refusal(Some(&row(LedgerStatus::Sending, None)), false),
             Refusal::Uncertain
         );
         assert_eq!(
-            judge_refusal(Some(&row(Status::Uncertain, None)), false),
+            judge_refusal(Some(&row(LedgerStatus::Uncertain, None)), false),
             Refusal::Uncertain
         );
     }
@@ -294,13 +178,16 @@ mod tests {
         let soon = Refusal::Busy {
             after: Duration::ZERO,
         };
-        assert_eq!(judge_refusal(Some(&row(Status::Sending, None)), true), soon);
         assert_eq!(
-            judge_refusal(Some(&row(Status::Uncertain, None)), true),
+            judge_refusal(Some(&row(LedgerStatus::Sending, None)), true),
             soon
         );
         assert_eq!(
-            judge_refusal(Some(&row(Status::Sent, None)), true),
+            judge_refusal(Some(&row(LedgerStatus::Uncertain, None)), true),
+            soon
+        );
+        assert_eq!(
+            judge_refusal(Some(&row(LedgerStatus::Sent, None)), true),
             Refusal::AlreadySent
         );
     }
@@ -310,21 +197,24 @@ mod tests {
         let soon = Refusal::Busy {
             after: Duration::ZERO,
         };
-        assert_eq!(judge_refusal(Some(&row(Status::Failed, None)), false), soon);
+        assert_eq!(
+            judge_refusal(Some(&row(LedgerStatus::Failed, None)), false),
+            soon
+        );
         assert_eq!(judge_refusal(None, false), soon);
     }
 
     #[test]
     fn status_round_trips_through_its_column_text() {
         for s in [
-            Status::Sending,
-            Status::Sent,
-            Status::Failed,
-            Status::Uncertain,
-            Status::Dead,
+            LedgerStatus::Sending,
+            LedgerStatus::Sent,
+            LedgerStatus::Failed,
+            LedgerStatus::Uncertain,
+            LedgerStatus::Dead,
         ] {
-            assert_eq!(Status::parse(s.as_str()), Some(s));
+            assert_eq!(LedgerStatus::parse(s.as_str()), Some(s));
         }
-        assert_eq!(Status::parse("queued"), None);
+        assert_eq!(LedgerStatus::parse("queued"), None);
     }
 }

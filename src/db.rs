@@ -3,18 +3,26 @@
 //! its own SQL side by side in its module, and the integration suite, run against every engine,
 //! is the check (sqlx's compile-time checks cover only one engine).
 //!
-//! - `notifications`: the claim ledger (`sent_notifications`) and its state machine.
+//! The modules, leaf first (each imports only those above it):
+//!
+//! - `rows`: the values the others pass around (statuses, claims, records, outbox rows, group
+//!   items); imports nothing of `db`.
+//! - `postgres`, `mysql`: the statements of each engine, those of group commit in their
+//!   `group` submodule; import only `rows`.
+//! - `ledger`: the claim ledger (`sent_notifications`), its state machine and what a refused
+//!   claim means.
+//! - `group`: group commit of the ledger's claims and records, the worker's [`group::Ledger`].
 //! - `outbox`: the transactional outbox (`mailroom_outbox`): enqueue, and the relay's batches.
 //! - `refused`: `dead`/`invalid` rows for jobs refused past the doors, and stored payloads.
-//! - `postgres`, `mysql`: the statements of each engine.
 //! - `secrets`: values mailroom's processes share (the replay key).
 
 pub mod group;
+pub mod ledger;
 mod mysql;
-pub mod notifications;
 pub mod outbox;
 mod postgres;
 mod refused;
+mod rows;
 mod secrets;
 
 use std::time::Duration;
@@ -26,7 +34,9 @@ use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 
 use crate::config::SecretUrl;
 
-pub use notifications::{Claim, ClaimRequest, ExistingClaim, Notification, Status};
+pub use ledger::{
+    Claim, ClaimRequest, ExistingClaim, LedgerStatus, Notification, Record, Refusal, judge_refusal,
+};
 
 /// How long a statement may run before the server cancels it; far below RabbitMQ's
 /// consumer_timeout so a stuck database never holds a delivery past it.
@@ -86,74 +96,36 @@ impl Engine {
     }
 }
 
+/// What a pool does with an idle connection before handing it out.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OnAcquire {
+    /// Pings it, so a connection the server dropped is replaced instead of failing a claim.
+    Ping,
+    /// Hands it out unchecked: saves a round trip per use, for callers that simply try again
+    /// after a failed statement (the relay's loop). Their idle probe is then the statement and
+    /// the ping sqlx 0.9 always sends when a connection returns to the pool, not two pings and
+    /// the statement.
+    NoPing,
+}
+
 impl Database {
     /// Connects a pool of at most `max_connections` to `url`. The pool is lazy: the first
     /// query opens the first connection, so a process starts even while the database is down.
-    /// A pooled connection is pinged before each use, so a connection the server dropped is
-    /// replaced instead of failing a claim.
+    /// A pooled connection is pinged before each use ([`OnAcquire::Ping`]).
     pub fn connect_lazy(url: &SecretUrl, max_connections: u32) -> anyhow::Result<Database> {
-        Database::connect_lazy_with(url, max_connections, true)
+        Database::connect_lazy_with(url, max_connections, OnAcquire::Ping)
     }
 
-    /// [`Database::connect_lazy`]; `ping_before_use: false` saves a round trip per use, for
-    /// callers that simply try again after a failed statement (the relay's loop): its idle
-    /// probe is then the statement and the ping sqlx 0.9 always sends when a connection returns
-    /// to the pool, not two pings and the statement.
+    /// [`Database::connect_lazy`], choosing what the pool does before handing out a connection.
     pub fn connect_lazy_with(
         url: &SecretUrl,
         max_connections: u32,
-        ping_before_use: bool,
+        on_acquire: OnAcquire,
     ) -> anyhow::Result<Database> {
-        match Engine::of(url)? {
-            Engine::Postgres => {
-                let options: PgConnectOptions = url
-                    .expose()
-                    .parse()
-                    .with_context(|| format!("invalid DATABASE_URL {url}"))?;
-                let options = options
-                    .application_name("mailroom")
-                    .options([("statement_timeout", STATEMENT_TIMEOUT)]);
-                let pool = PgPoolOptions::new()
-                    .max_connections(max_connections)
-                    .acquire_timeout(ACQUIRE_TIMEOUT)
-                    .test_before_acquire(ping_before_use)
-                    .connect_lazy_with(options);
-                Ok(Database::Postgres(pool))
-            }
-            Engine::MySql => {
-                // sqlx knows the scheme `mysql` only; `mariadb://` is accepted as a synonym.
-                let mut exposed = url.expose().to_string();
-                if let Some(rest) = exposed.strip_prefix("mariadb:") {
-                    exposed = format!("mysql:{rest}");
-                }
-                let options: MySqlConnectOptions = exposed
-                    .parse()
-                    .with_context(|| format!("invalid DATABASE_URL {url}"))?;
-                // Session time zone UTC (sqlx's default, stated here because DATETIME values are
-                // read as UTC), utf8mb4.
-                let options = options.timezone(Some("+00:00".to_string()));
-                let pool = MySqlPoolOptions::new()
-                    .max_connections(max_connections)
-                    .acquire_timeout(ACQUIRE_TIMEOUT)
-                    .test_before_acquire(ping_before_use)
-                    .after_connect(|conn, _meta| {
-                        Box::pin(async move {
-                            // READ COMMITTED: the relay's `FOR UPDATE SKIP LOCKED` and the
-                            // ledger's claims take no gap locks, so they never block the
-                            // application's own inserts into the outbox.
-                            conn.execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
-                                .await?;
-                            let timeout = format!(
-                                "SET SESSION innodb_lock_wait_timeout = {LOCK_WAIT_TIMEOUT_SECS}"
-                            );
-                            conn.execute(sqlx::AssertSqlSafe(timeout)).await?;
-                            Ok(())
-                        })
-                    })
-                    .connect_lazy_with(options);
-                Ok(Database::MySql(pool))
-            }
-        }
+        Ok(match Engine::of(url)? {
+            Engine::Postgres => Database::Postgres(pg_pool(url, max_connections, on_acquire)?),
+            Engine::MySql => Database::MySql(mysql_pool(url, max_connections, on_acquire)?),
+        })
     }
 
     /// The engine of this pool.
@@ -194,4 +166,59 @@ impl Database {
             Database::MySql(pool) => pool.close().await,
         }
     }
+}
+
+/// A lazy PostgreSQL pool: every session named `mailroom`, with a statement timeout.
+fn pg_pool(url: &SecretUrl, max_connections: u32, on_acquire: OnAcquire) -> anyhow::Result<PgPool> {
+    let options: PgConnectOptions = url
+        .expose()
+        .parse()
+        .with_context(|| format!("invalid DATABASE_URL {url}"))?;
+    let options = options
+        .application_name("mailroom")
+        .options([("statement_timeout", STATEMENT_TIMEOUT)]);
+    let pool = PgPoolOptions::new()
+        .max_connections(max_connections)
+        .acquire_timeout(ACQUIRE_TIMEOUT)
+        .test_before_acquire(on_acquire == OnAcquire::Ping)
+        .connect_lazy_with(options);
+    Ok(pool)
+}
+
+/// A lazy MySQL/MariaDB pool: every session in UTC, at READ COMMITTED, with a lock wait timeout.
+fn mysql_pool(
+    url: &SecretUrl,
+    max_connections: u32,
+    on_acquire: OnAcquire,
+) -> anyhow::Result<MySqlPool> {
+    // sqlx knows the scheme `mysql` only; `mariadb://` is accepted as a synonym.
+    let mut exposed = url.expose().to_string();
+    if let Some(rest) = exposed.strip_prefix("mariadb:") {
+        exposed = format!("mysql:{rest}");
+    }
+    let options: MySqlConnectOptions = exposed
+        .parse()
+        .with_context(|| format!("invalid DATABASE_URL {url}"))?;
+    // Session time zone UTC (sqlx's default, stated here because DATETIME values are
+    // read as UTC), utf8mb4.
+    let options = options.timezone(Some("+00:00".to_string()));
+    let pool = MySqlPoolOptions::new()
+        .max_connections(max_connections)
+        .acquire_timeout(ACQUIRE_TIMEOUT)
+        .test_before_acquire(on_acquire == OnAcquire::Ping)
+        .after_connect(|conn, _meta| {
+            Box::pin(async move {
+                // READ COMMITTED: the relay's `FOR UPDATE SKIP LOCKED` and the
+                // ledger's claims take no gap locks, so they never block the
+                // application's own inserts into the outbox.
+                conn.execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
+                    .await?;
+                let timeout =
+                    format!("SET SESSION innodb_lock_wait_timeout = {LOCK_WAIT_TIMEOUT_SECS}");
+                conn.execute(sqlx::AssertSqlSafe(timeout)).await?;
+                Ok(())
+            })
+        })
+        .connect_lazy_with(options);
+    Ok(pool)
 }

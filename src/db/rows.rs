@@ -1,0 +1,228 @@
+//! The values the database layer reads and writes, shared by the facades (`ledger`, `outbox`,
+//! `group`) and the engines (`postgres`, `mysql`). A leaf: it imports nothing else of `db`, so
+//! an engine module reads with this file alone, and no module of `db` imports in a circle.
+//!
+//! - the claim ledger: [`LedgerStatus`] of a row, [`ClaimRequest`] and its answer [`Claim`],
+//!   [`ExistingClaim`], [`Record`], and [`Notification`] (a whole row);
+//! - the outbox: [`PendingRow`] (claimed by a relay) and [`OutboxStatus`];
+//! - group commit: a [`Group`] of [`ClaimItem`]s and [`RecordItem`]s, and its [`GroupResult`].
+
+use std::time::Duration;
+
+use uuid::Uuid;
+
+// ---- the claim ledger ----
+
+/// The status of a ledger row, as its column `sent_notifications.status` spells it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LedgerStatus {
+    Sending,
+    Sent,
+    Failed,
+    Uncertain,
+    Dead,
+}
+
+impl LedgerStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LedgerStatus::Sending => "sending",
+            LedgerStatus::Sent => "sent",
+            LedgerStatus::Failed => "failed",
+            LedgerStatus::Uncertain => "uncertain",
+            LedgerStatus::Dead => "dead",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<LedgerStatus> {
+        Some(match s {
+            "sending" => LedgerStatus::Sending,
+            "sent" => LedgerStatus::Sent,
+            "failed" => LedgerStatus::Failed,
+            "uncertain" => LedgerStatus::Uncertain,
+            "dead" => LedgerStatus::Dead,
+            _ => return None,
+        })
+    }
+}
+
+impl TryFrom<String> for LedgerStatus {
+    type Error = String;
+
+    fn try_from(text: String) -> Result<LedgerStatus, String> {
+        LedgerStatus::parse(&text).ok_or_else(|| format!("unknown status {text:?}"))
+    }
+}
+
+impl std::fmt::Display for LedgerStatus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// What a worker asks for when it claims a job.
+#[derive(Clone, Debug)]
+pub struct ClaimRequest<'a> {
+    pub job_id: &'a str,
+    pub kind: &'a str,
+    pub message_id: &'a str,
+    /// The token the claim will hold, chosen before it is sent: when the commit's outcome is
+    /// unknown (the connection broke during it), the worker can still find and give back a
+    /// claim that did commit.
+    pub token: Uuid,
+    /// How long the claim is exclusive; longer than the SMTP timeout plus the time to record.
+    pub lease: Duration,
+    /// Whether an `uncertain` row, or a `sending` row whose lease expired, may be taken over
+    /// (`MAILROOM_ON_UNCERTAIN=resend`).
+    pub resend_uncertain: bool,
+    /// A copy replayed from the dead-letter queue: a `dead` or `uncertain` row may be taken over
+    /// (one more claim per replayed copy). A `sent` row never is.
+    pub replay: bool,
+}
+
+/// The answer to a claim.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Claim {
+    /// This worker owns the row until the lease ends; `attempt` counts claims, this one included.
+    Claimed { attempt: i32, token: Uuid },
+    /// Someone else's row, as it was read right after the refusal (`None`: it vanished).
+    Refused(Option<ExistingClaim>),
+}
+
+/// The state of a row that refused a claim.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ExistingClaim {
+    pub status: LedgerStatus,
+    pub attempts: i32,
+    /// Time left on the lease; `None` when there is no lease or it has expired.
+    pub lease_remaining: Option<Duration>,
+    /// For a `dead` row: the class and reason it was dead-lettered with.
+    pub error_class: Option<String>,
+    pub last_error: Option<String>,
+}
+
+/// One row, as `status` and the tests read it.
+#[derive(Clone, Debug, PartialEq, sqlx::FromRow)]
+pub struct Notification {
+    pub job_id: String,
+    pub kind: String,
+    #[sqlx(try_from = "String")]
+    pub status: LedgerStatus,
+    pub attempts: i32,
+    pub message_id: String,
+    pub smtp_reply: Option<String>,
+    pub last_error: Option<String>,
+    pub created_at: chrono::DateTime<chrono::Utc>,
+    pub updated_at: chrono::DateTime<chrono::Utc>,
+    pub sent_at: Option<chrono::DateTime<chrono::Utc>>,
+    /// Revision (content hash) of the template set that rendered the sent email.
+    pub template_revision: Option<String>,
+}
+
+/// The result to record after an attempt.
+#[derive(Clone, Debug)]
+pub struct Record<'a> {
+    pub job_id: &'a str,
+    pub kind: &'a str,
+    /// The claim this worker holds; `None` records over an expired `sending` row instead.
+    pub token: Option<Uuid>,
+    pub status: LedgerStatus,
+    pub smtp_reply: Option<&'a str>,
+    pub error: Option<&'a str>,
+    /// For a `dead` row: the class of the failure (an `ErrorClass` name).
+    pub class: Option<&'a str>,
+}
+
+// ---- the outbox ----
+
+/// An outbox row claimed by a relay.
+#[derive(Clone, Debug, sqlx::FromRow)]
+pub struct PendingRow {
+    pub id: i64,
+    pub job_id: String,
+    pub kind: String,
+    pub payload: String,
+    pub publish_attempts: i32,
+}
+
+/// The outbox columns of a job's status, as both engines read them.
+#[derive(sqlx::FromRow)]
+pub(super) struct OutboxRow {
+    created_at: chrono::DateTime<chrono::Utc>,
+    published_at: Option<chrono::DateTime<chrono::Utc>>,
+    publish_attempts: i32,
+    last_error: Option<String>,
+    parked_at: Option<chrono::DateTime<chrono::Utc>>,
+}
+
+impl From<OutboxRow> for OutboxStatus {
+    fn from(r: OutboxRow) -> OutboxStatus {
+        OutboxStatus {
+            created_at: r.created_at,
+            published_at: r.published_at,
+            publish_attempts: r.publish_attempts,
+            last_error: r.last_error,
+            parked: r.parked_at.is_some(),
+        }
+    }
+}
+
+/// The outbox side of a job's status.
+#[derive(Clone, Debug, PartialEq)]
+pub struct OutboxStatus {
+    pub created_at: chrono::DateTime<chrono::Utc>,
+    pub published_at: Option<chrono::DateTime<chrono::Utc>>,
+    pub publish_attempts: i32,
+    pub last_error: Option<String>,
+    pub parked: bool,
+}
+
+// ---- group commit (see `group.rs`) ----
+
+/// A claim in a group: the claim of [`ClaimRequest`] with the token it will hold.
+#[derive(Clone, Debug)]
+pub struct ClaimItem {
+    pub job_id: String,
+    pub kind: String,
+    pub message_id: String,
+    pub token: Uuid,
+}
+
+/// A record in a group: always by the holder of the claim (`token`).
+#[derive(Clone, Debug)]
+pub struct RecordItem {
+    pub job_id: String,
+    pub kind: String,
+    pub token: Uuid,
+    pub status: LedgerStatus,
+    pub smtp_reply: Option<String>,
+    pub error: Option<String>,
+    pub class: Option<String>,
+    pub revision: Option<String>,
+}
+
+/// One group: claims sharing a lease and policy, and records; every key at most once.
+#[derive(Debug, Default)]
+pub struct Group {
+    pub lease: Duration,
+    pub resend_uncertain: bool,
+    pub claims: Vec<ClaimItem>,
+    pub records: Vec<RecordItem>,
+}
+
+/// The answers of a group, in the order of its claims and records.
+#[derive(Debug, PartialEq)]
+pub struct GroupResult {
+    pub claims: Vec<Claim>,
+    pub records: Vec<bool>,
+}
+
+impl Group {
+    /// Claims and records in key order, so that two groups lock rows in the same order.
+    pub(super) fn sort(&mut self) {
+        self.claims
+            .sort_by(|a, b| (&a.job_id, &a.kind).cmp(&(&b.job_id, &b.kind)));
+        self.records
+            .sort_by(|a, b| (&a.job_id, &a.kind).cmp(&(&b.job_id, &b.kind)));
+    }
+}
