@@ -16,6 +16,7 @@
 //! queue until the alarm clears; the other deliveries are still sent and acked.
 
 mod breaker;
+pub mod histogram;
 pub mod lease;
 #[cfg(test)]
 mod model;

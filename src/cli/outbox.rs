@@ -14,8 +14,8 @@ use super::{BrokerArgs, DatabaseArgs, MetricsOptions, WorkerArgs};
 use crate::config;
 use crate::db::Database;
 use crate::db::outbox::Enqueued;
+use crate::http::metrics::Metrics;
 use crate::http::{self, ApiState};
-use crate::metrics::Metrics;
 use crate::relay::{Relay, RelaySettings};
 use crate::render::{LiveTemplates, Templates};
 
