@@ -22,6 +22,7 @@ pub mod lease;
 mod model;
 mod process;
 mod refuse;
+mod send;
 mod settle;
 pub mod stats;
 
