@@ -20,6 +20,7 @@ pub mod histogram;
 pub mod lease;
 #[cfg(test)]
 mod model;
+mod outcome;
 mod process;
 mod refuse;
 mod send;
@@ -48,7 +49,7 @@ use crate::dlq::seal::{ReplayKey, ReplayKeys};
 use crate::render::LiveTemplates;
 use crate::smtp::Mailer;
 
-pub use process::{ErrorClass, Outcome};
+pub use outcome::{ErrorClass, Outcome};
 pub use stats::{Snapshot, Stats};
 
 /// Everything the worker needs to know, resolved from the CLI/environment.

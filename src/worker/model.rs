@@ -67,7 +67,7 @@ use std::time::Duration;
 
 use stateright::{Model, Property};
 
-use super::process::ErrorClass;
+use super::outcome::ErrorClass;
 use crate::config::OnUncertain;
 use crate::db::notifications::{ExistingClaim, Status, judge_refusal};
 

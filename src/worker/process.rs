@@ -17,13 +17,14 @@ use uuid::Uuid;
 
 use super::Worker;
 use super::lease::Deadline;
+use super::outcome::{ErrorClass, Outcome, dead};
 use super::stats::Stats;
 use crate::broker;
 use crate::config::OnUncertain;
 use crate::db::is_data_error;
 use crate::db::notifications::{Claim, ClaimRequest, Record, Refusal, Status, judge_refusal};
 use crate::failpoint;
-use crate::job::{EmailJob, ValidJob, mask_addresses, mask_email};
+use crate::job::{EmailJob, ValidJob, mask_email};
 use crate::render::Templates;
 use crate::smtp::Session;
 
@@ -34,60 +35,6 @@ const LEASE_MARGIN: Duration = Duration::from_secs(1);
 const RELEASE_PATIENCE: Duration = Duration::from_secs(2);
 /// Growth of the retry delay per attempt (before rounding up to a tier).
 const RETRY_FACTOR: f32 = 3.0;
-
-/// What to do with a delivery. Computed once; `settle` is the only place that acts on it.
-#[derive(Clone, Debug, PartialEq)]
-pub enum Outcome {
-    /// Done: the email was sent now, or earlier (a duplicate delivery).
-    Ack { duplicate: bool },
-    /// Try again later through the retry tier covering `delay`.
-    Retry { delay: Duration, reason: String },
-    /// Give up: to the dead-letter queue with a reason an operator can act on.
-    DeadLetter {
-        class: ErrorClass,
-        reason: String,
-        attempts: i64,
-    },
-}
-
-/// Why a job was dead-lettered (the `x-mailroom-error-class` header).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ErrorClass {
-    /// The message is not a valid job: not JSON, wrong shape, bad address, unknown kind.
-    Invalid,
-    /// The template could not render this job's data (missing variable, unsafe subject).
-    Template,
-    /// The SMTP server refused it for good (5xx).
-    Rejected,
-    /// Transient failures until `MAILROOM_MAX_ATTEMPTS` ran out.
-    Exhausted,
-    /// It may have been sent, and the policy is to let a human decide.
-    Uncertain,
-}
-
-impl ErrorClass {
-    pub fn parse(s: &str) -> Option<ErrorClass> {
-        [
-            ErrorClass::Invalid,
-            ErrorClass::Template,
-            ErrorClass::Rejected,
-            ErrorClass::Exhausted,
-            ErrorClass::Uncertain,
-        ]
-        .into_iter()
-        .find(|c| c.as_str() == s)
-    }
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ErrorClass::Invalid => "invalid",
-            ErrorClass::Template => "template",
-            ErrorClass::Rejected => "rejected",
-            ErrorClass::Exhausted => "exhausted",
-            ErrorClass::Uncertain => "uncertain",
-        }
-    }
-}
 
 /// The span of one delivery. Fields the body provides are filled in once it is decoded.
 pub(super) fn delivery_span(d: &Delivery) -> tracing::Span {
@@ -424,17 +371,4 @@ fn commit_outcome_unknown(e: &sqlx::Error) -> bool {
         e,
         sqlx::Error::Io(_) | sqlx::Error::Protocol(_) | sqlx::Error::WorkerCrashed
     )
-}
-
-fn dead(class: ErrorClass, reason: String, attempts: i64) -> Outcome {
-    tracing::warn!(
-        class = class.as_str(),
-        reason = mask_addresses(&reason),
-        "dead-lettering"
-    );
-    Outcome::DeadLetter {
-        class,
-        reason,
-        attempts,
-    }
 }

@@ -10,7 +10,8 @@ use uuid::Uuid;
 
 use super::Worker;
 use super::lease::{Deadline, RECORD_BUDGET};
-use super::process::{Claimed, ErrorClass, Outcome};
+use super::outcome::{ErrorClass, Outcome};
+use super::process::Claimed;
 use crate::config::OnUncertain;
 use crate::db::Status;
 use crate::db::notifications::Record;
