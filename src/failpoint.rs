@@ -1,4 +1,13 @@
-//! Crash points for fault tests: `MAILROOM_FAILPOINTS="worker.after_claim=abort;relay.after_confirm=pause"`.
+//! Crash points for the fault tests, and for nothing else: the integration tests (`crash`,
+//! `poison`, `once`, the relay's `outbox` tests) arm them through the environment of a real
+//! worker or relay process, and SIGKILL it or watch it abort at exactly one step of a delivery.
+//! Nothing in mailroom reads their effects or branches on them; unarmed, which is every
+//! production run, a point costs one lookup in an empty map, and a build without the
+//! `failpoints` cargo feature has none at all (see below). A leaf: it imports nothing of
+//! ours, and the worker ([`crate::worker`]) and relay ([`crate::relay`]) call [`hit`] and
+//! [`hit_job`] at the points below.
+//!
+//! `MAILROOM_FAILPOINTS="worker.after_claim=abort;relay.after_confirm=pause"`.
 //! `abort` kills the process on the spot (a real crash: no destructors, no acks, no commits);
 //! `pause` parks the task forever so a test can SIGKILL the process at exactly that point;
 //! `delay:2s` holds the task that long at every hit, `delay-once:2s` at the first hit only (a
@@ -9,9 +18,9 @@
 //! `name@JOB_ID=action` arms a point for one job only (a poison job), e.g.
 //! `worker.after_claim@order-7=abort`; the worker's points take the job id.
 //!
-//! Points: `worker.before_claim` (decoded, nothing claimed yet), `worker.after_claim`, `worker.after_smtp_ok`, `worker.after_record`,
-//! `worker.before_ack` (every ack: the outcome is recorded or published, the ack not sent),
-//! `relay.after_confirm`.
+//! Points: `worker.before_claim` (decoded, nothing claimed yet), `worker.after_claim`,
+//! `worker.after_smtp_ok`, `worker.after_record`, `worker.before_ack` (every ack: the outcome is
+//! recorded or published, the ack not sent), `relay.after_confirm`.
 
 /// The environment variable that arms failpoints.
 pub const ENV: &str = "MAILROOM_FAILPOINTS";

@@ -8,7 +8,7 @@
 //!   The body limit is the job limit (413 beyond).
 //! - `GET /v1/emails/{job_id}/{kind}`: the job's state (see [`crate::status`]).
 //! - `/v1/dlq…`: the dead-letter queue ([`dlq`]): list, show, replay, purge.
-//! - `GET /metrics`: Prometheus text ([`crate::metrics`]).
+//! - `GET /metrics`: Prometheus text ([`metrics`]).
 //! - `GET /healthz` (the process runs) and `GET /readyz` (database and broker reachable, on a
 //!   kept connection; error details only with the token: [`ready`]).
 //!
@@ -18,6 +18,7 @@
 
 mod dlq;
 mod enqueue;
+pub mod metrics;
 pub mod ready;
 
 use std::net::SocketAddr;
@@ -38,8 +39,8 @@ use crate::broker::Topology;
 use crate::config::UrlList;
 use crate::db::Database;
 use crate::dlq::seal::ReplayKey;
+use crate::http::metrics::Metrics;
 use crate::job::MAX_JOB_BYTES;
-use crate::metrics::Metrics;
 use crate::render::LiveTemplates;
 pub use ready::BrokerProbe;
 

@@ -11,7 +11,7 @@
 //! - [`render`]: Handlebars templates → subject, text and HTML;
 //! - [`smtp`]: MIME building, the deterministic Message-ID, sending and error classes;
 //! - [`dlq`]: the dead-letter queue: list, show, replay, purge;
-//! - [`http`], [`metrics`], [`status`]: the HTTP API, `/metrics`, a job's state;
+//! - [`http`], [`status`]: the HTTP API and `/metrics`, a job's state;
 //! - [`startup`]: each process (worker, relay, HTTP API, all three) built from its settings;
 //! - [`config`], [`cli`], [`telemetry`], [`shutdown`]: the process around them;
 //! - [`failpoint`]: crash points for the fault tests.
@@ -25,7 +25,6 @@ pub mod door;
 pub mod failpoint;
 pub mod http;
 pub mod job;
-pub mod metrics;
 pub mod relay;
 pub mod render;
 pub mod shutdown;

@@ -19,7 +19,7 @@ use lettre::{
     AsyncFileTransport, AsyncTransport, Message, Tokio1Executor,
     address::Envelope,
     message::{
-        Mailbox, MultiPart, SinglePart,
+        Mailbox, MessageBuilder, MultiPart, SinglePart,
         header::{HeaderName, HeaderValue},
     },
 };
@@ -264,7 +264,7 @@ pub fn build_message(
     job: &ValidJob,
     email: &RenderedEmail,
 ) -> Result<Message, BuildError> {
-    let mut b = Message::builder()
+    let b = Message::builder()
         .from(from.clone())
         .message_id(Some(message_id(
             &job.job.job_id,
@@ -272,6 +272,18 @@ pub fn build_message(
             message_id_domain,
         )))
         .subject(email.subject.clone());
+    let b = extra_headers(recipients(b, job), job)?;
+    Ok(match &email.text {
+        Some(text) => b.multipart(MultiPart::alternative_plain_html(
+            text.clone(),
+            email.html.clone(),
+        ))?,
+        None => b.singlepart(SinglePart::html(email.html.clone()))?,
+    })
+}
+
+/// The job's To, Cc, Bcc and Reply-To.
+fn recipients(mut b: MessageBuilder, job: &ValidJob) -> MessageBuilder {
     for to in &job.to {
         b = b.to(to.clone());
     }
@@ -284,6 +296,11 @@ pub fn build_message(
     if let Some(reply_to) = &job.reply_to {
         b = b.reply_to(reply_to.clone());
     }
+    b
+}
+
+/// The job's own headers; a name that is not a valid header name fails the build.
+fn extra_headers(mut b: MessageBuilder, job: &ValidJob) -> Result<MessageBuilder, BuildError> {
     for (name, value) in &job.job.headers {
         let header = HeaderName::new_from_ascii(name.clone()).map_err(|e| BuildError::Header {
             name: name.clone(),
@@ -291,13 +308,7 @@ pub fn build_message(
         })?;
         b = b.raw_header(HeaderValue::new(header, value.clone()));
     }
-    Ok(match &email.text {
-        Some(text) => b.multipart(MultiPart::alternative_plain_html(
-            text.clone(),
-            email.html.clone(),
-        ))?,
-        None => b.singlepart(SinglePart::html(email.html.clone()))?,
-    })
+    Ok(b)
 }
 
 /// `<job_id.kind@domain>`, with every byte outside `[A-Za-z0-9_-]` written as `=XX` so any job

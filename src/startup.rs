@@ -27,7 +27,7 @@ use tokio_util::sync::CancellationToken;
 use crate::broker::Topology;
 use crate::config::{Delays, UrlList};
 use crate::dlq::seal::ReplayKey;
-use crate::metrics::Metrics;
+use crate::http::metrics::Metrics;
 use crate::render::{LiveTemplates, Templates};
 
 pub use relay::{RelayConfig, RelayTuning, build_relay, run_relay};

@@ -16,11 +16,14 @@
 //! queue until the alarm clears; the other deliveries are still sent and acked.
 
 mod breaker;
+pub mod histogram;
 pub mod lease;
 #[cfg(test)]
 mod model;
+mod outcome;
 mod process;
 mod refuse;
+mod send;
 mod settle;
 pub mod stats;
 
@@ -30,11 +33,11 @@ use std::time::Duration;
 use anyhow::Context;
 use futures_util::StreamExt;
 use lapin::{
-    Channel, Connection,
+    Channel, Connection, Consumer,
     options::{BasicCancelOptions, BasicConsumeOptions, BasicQosOptions},
     types::FieldTable,
 };
-use tokio::sync::Semaphore;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::{sync::CancellationToken, task::TaskTracker};
 use tracing::Instrument;
 
@@ -46,7 +49,7 @@ use crate::dlq::seal::{ReplayKey, ReplayKeys};
 use crate::render::LiveTemplates;
 use crate::smtp::Mailer;
 
-pub use process::{ErrorClass, Outcome};
+pub use outcome::{ErrorClass, Outcome};
 pub use stats::{Snapshot, Stats};
 
 /// Everything the worker needs to know, resolved from the CLI/environment.
@@ -137,16 +140,7 @@ impl Worker {
                 }
             }
         }
-        tracker.close();
-        if tokio::time::timeout(worker.settings.shutdown_grace, tracker.wait())
-            .await
-            .is_err()
-        {
-            tracing::warn!(
-                in_flight = tracker.len(),
-                "shutdown grace period over; unsettled deliveries will be redelivered"
-            );
-        }
+        drain(&tracker, worker.settings.shutdown_grace).await;
         worker.db.close().await;
         tracing::info!("worker stopped");
         Ok(())
@@ -160,6 +154,19 @@ impl Worker {
         shutdown: &CancellationToken,
         backoff: &mut backon::ExponentialBackoff,
     ) -> anyhow::Result<()> {
+        let mut session = self.connect().await?;
+        *backoff = broker::reconnect_backoff();
+        let s = &self.settings;
+        tracing::info!(queue = %s.topology.queue, concurrency = s.concurrency, prefetch = s.prefetch, "consuming");
+        self.dispatch(&mut session, slots, tracker, shutdown)
+            .await?;
+        self.finish(session, tracker).await;
+        Ok(())
+    }
+
+    /// Connects, declares the topology, opens the publisher connection and starts consuming
+    /// with the prefetch set.
+    async fn connect(&self) -> anyhow::Result<BrokerSession> {
         let s = &self.settings;
         let conn = broker::connect(&s.amqp, &s.name).await?;
         let setup = conn.create_channel().await?;
@@ -174,7 +181,7 @@ impl Worker {
             .basic_qos(s.prefetch.max(1), BasicQosOptions::default())
             .await
             .context("setting prefetch")?;
-        let mut consumer = channel
+        let consumer = channel
             .basic_consume(
                 s.topology.queue.as_str().into(),
                 "".into(),
@@ -183,62 +190,88 @@ impl Worker {
             )
             .await
             .with_context(|| format!("consuming {}", s.topology.queue))?;
-        *backoff = broker::reconnect_backoff();
-        tracing::info!(queue = %s.topology.queue, concurrency = s.concurrency, prefetch = s.prefetch, "consuming");
+        Ok(BrokerSession {
+            conn,
+            channel,
+            consumer,
+            publisher,
+        })
+    }
+
+    /// Takes deliveries, each once a concurrency slot is free, and hands each to a task of its
+    /// own, until `shutdown` (`Ok`) or until the connection fails (`Err`). While the circuit
+    /// breaker is open, takes none.
+    async fn dispatch(
+        self: &Arc<Self>,
+        session: &mut BrokerSession,
+        slots: &Arc<Semaphore>,
+        tracker: &TaskTracker,
+        shutdown: &CancellationToken,
+    ) -> anyhow::Result<()> {
         loop {
             if self.breaker.is_open() {
                 // Deliveries stay with the broker while the SMTP server is down.
                 self.breaker.wait_until_closed(&self.mailer, shutdown).await;
             }
-            if !publisher.is_usable() {
+            if !session.publisher.is_usable() {
                 anyhow::bail!("the publisher connection or its channel closed");
             }
             let permit = tokio::select! {
                 biased;
-                _ = shutdown.cancelled() => break,
+                _ = shutdown.cancelled() => return Ok(()),
                 permit = slots.clone().acquire_owned() => permit?,
             };
             let next = tokio::select! {
                 biased;
-                _ = shutdown.cancelled() => break,
-                next = consumer.next() => next,
+                _ = shutdown.cancelled() => return Ok(()),
+                next = session.consumer.next() => next,
             };
             let delivery = match next {
-                None => anyhow::bail!("the broker cancelled the consumer of {}", s.topology.queue),
+                None => anyhow::bail!(
+                    "the broker cancelled the consumer of {}",
+                    self.settings.topology.queue
+                ),
                 Some(Err(e)) => return Err(e).context("consumer stream failed"),
                 Some(Ok(delivery)) => delivery,
             };
-            let worker = self.clone();
-            let publisher = publisher.clone();
-            let span = process::delivery_span(&delivery);
-            tracker.spawn(
-                async move {
-                    worker.handle(&publisher, delivery).await;
-                    drop(permit);
-                }
-                .instrument(span),
-            );
+            self.spawn_handle(tracker, &session.publisher, delivery, permit);
         }
-        let _ = channel
-            .basic_cancel(consumer.tag(), BasicCancelOptions::default())
+    }
+
+    /// Handles `delivery` in a task of its own, in its span; the slot is free once it settled.
+    fn spawn_handle(
+        self: &Arc<Self>,
+        tracker: &TaskTracker,
+        publisher: &Arc<broker::Publisher>,
+        delivery: lapin::message::Delivery,
+        permit: OwnedSemaphorePermit,
+    ) {
+        let worker = self.clone();
+        let publisher = publisher.clone();
+        let span = process::delivery_span(&delivery);
+        tracker.spawn(
+            async move {
+                worker.handle(&publisher, delivery).await;
+                drop(permit);
+            }
+            .instrument(span),
+        );
+    }
+
+    /// After a shutdown: stops consuming, lets the deliveries in flight settle on the still-open
+    /// channel within the grace period, then closes both connections.
+    async fn finish(&self, session: BrokerSession, tracker: &TaskTracker) {
+        let _ = session
+            .channel
+            .basic_cancel(session.consumer.tag(), BasicCancelOptions::default())
             .await;
         tracing::info!(
             in_flight = tracker.len(),
             "stopped consuming; finishing deliveries in flight"
         );
-        tracker.close();
-        if tokio::time::timeout(s.shutdown_grace, tracker.wait())
-            .await
-            .is_err()
-        {
-            tracing::warn!(
-                in_flight = tracker.len(),
-                "shutdown grace period over; unsettled deliveries will be redelivered"
-            );
-        }
-        publisher.close("worker shutting down").await;
-        close(&conn, &channel).await;
-        Ok(())
+        drain(tracker, self.settings.shutdown_grace).await;
+        session.publisher.close("worker shutting down").await;
+        close(&session.conn, &session.channel).await;
     }
 
     async fn handle(&self, publisher: &broker::Publisher, delivery: lapin::message::Delivery) {
@@ -248,6 +281,26 @@ impl Worker {
         self.settle(publisher, &delivery, outcome).await;
         self.stats.in_flight_add(-1);
         self.stats.settled();
+    }
+}
+
+/// One broker session: the consuming connection and channel, and the publisher for retries and
+/// dead letters.
+struct BrokerSession {
+    conn: Connection,
+    channel: Channel,
+    consumer: Consumer,
+    publisher: Arc<broker::Publisher>,
+}
+
+/// Waits up to `grace` for the deliveries in flight; those left are redelivered by the broker.
+async fn drain(tracker: &TaskTracker, grace: Duration) {
+    tracker.close();
+    if tokio::time::timeout(grace, tracker.wait()).await.is_err() {
+        tracing::warn!(
+            in_flight = tracker.len(),
+            "shutdown grace period over; unsettled deliveries will be redelivered"
+        );
     }
 }
 

@@ -67,23 +67,7 @@ impl Endpoint {
     /// the password.
     pub fn parse(url: &Url) -> Result<Endpoint, String> {
         let host = url.host_str().ok_or("no host")?.to_string();
-        let tls_param = url
-            .query_pairs()
-            .find(|(k, _)| k == "tls")
-            .map(|(_, v)| v.into_owned());
-        let params = || TlsParameters::new(host.clone()).map_err(|e| format!("TLS: {e}"));
-        let (default_port, tls) = match (url.scheme(), tls_param.as_deref()) {
-            ("smtp", None | Some("none")) => (SMTP_PORT, TlsMode::None),
-            ("smtp", Some("required")) => (SUBMISSION_PORT, TlsMode::Required(params()?)),
-            ("smtp", Some("opportunistic")) => (SUBMISSION_PORT, TlsMode::Opportunistic(params()?)),
-            ("smtps", None | Some("implicit")) => (SUBMISSIONS_PORT, TlsMode::Implicit(params()?)),
-            (scheme @ ("smtp" | "smtps"), Some(other)) => {
-                return Err(format!(
-                    "tls={other:?} is not one of required, opportunistic (smtp://) or implicit (smtps://) for {scheme}://"
-                ));
-            }
-            (scheme, _) => return Err(format!("unknown scheme {scheme:?}")),
-        };
+        let (default_port, tls) = port_and_tls(url, &host)?;
         let path = url.path().trim_matches('/');
         let hello = if path.is_empty() {
             ClientId::default()
@@ -93,21 +77,46 @@ impl Endpoint {
         if url.password().is_some() {
             check_auth_is_encrypted(&host, &tls)?;
         }
-        let credentials = match url.password() {
-            Some(password) => Some(Credentials::new(
-                percent_decode(url.username()).ok_or("user name is not valid UTF-8")?,
-                percent_decode(password).ok_or("password is not valid UTF-8")?,
-            )),
-            None => None,
-        };
         Ok(Endpoint {
             port: url.port().unwrap_or(default_port),
+            credentials: credentials(url)?,
             host,
             tls,
             hello,
-            credentials,
         })
     }
+}
+
+/// The default port and the TLS mode of the URL's scheme and `tls` parameter.
+fn port_and_tls(url: &Url, host: &str) -> Result<(u16, TlsMode), String> {
+    let tls_param = url
+        .query_pairs()
+        .find(|(k, _)| k == "tls")
+        .map(|(_, v)| v.into_owned());
+    let params = || TlsParameters::new(host.to_owned()).map_err(|e| format!("TLS: {e}"));
+    Ok(match (url.scheme(), tls_param.as_deref()) {
+        ("smtp", None | Some("none")) => (SMTP_PORT, TlsMode::None),
+        ("smtp", Some("required")) => (SUBMISSION_PORT, TlsMode::Required(params()?)),
+        ("smtp", Some("opportunistic")) => (SUBMISSION_PORT, TlsMode::Opportunistic(params()?)),
+        ("smtps", None | Some("implicit")) => (SUBMISSIONS_PORT, TlsMode::Implicit(params()?)),
+        (scheme @ ("smtp" | "smtps"), Some(other)) => {
+            return Err(format!(
+                "tls={other:?} is not one of required, opportunistic (smtp://) or implicit (smtps://) for {scheme}://"
+            ));
+        }
+        (scheme, _) => return Err(format!("unknown scheme {scheme:?}")),
+    })
+}
+
+/// The user name and password of the URL, percent-decoded, when it has a password.
+fn credentials(url: &Url) -> Result<Option<Credentials>, String> {
+    Ok(match url.password() {
+        Some(password) => Some(Credentials::new(
+            percent_decode(url.username()).ok_or("user name is not valid UTF-8")?,
+            percent_decode(password).ok_or("password is not valid UTF-8")?,
+        )),
+        None => None,
+    })
 }
 
 /// Refuses credentials over a connection an eavesdropper could read or downgrade.

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use lettre::Message;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::{TcpListener, TcpStream};
 
 use super::*;
@@ -106,36 +107,16 @@ async fn session(socket: TcpStream, s: Script, c: &Counters) -> std::io::Result<
             "RCPT" => s.rcpt,
             "DATA" => match s.data {
                 Some(reply) => reply,
-                None => {
-                    w.write_all(b"354 go ahead\r\n").await?;
-                    if s.close_after_354 {
-                        return Ok(());
+                None => match receive_data(&mut lines, &mut w, &s).await? {
+                    Some(reply) => {
+                        if reply.starts_with('2') {
+                            c.accepted.fetch_add(1, Ordering::SeqCst);
+                            accepted_here += 1;
+                        }
+                        reply
                     }
-                    loop {
-                        line.clear();
-                        if lines.read_line(&mut line).await? == 0 {
-                            return Ok(());
-                        }
-                        if line == ".\r\n" {
-                            break;
-                        }
-                    }
-                    tokio::time::sleep(s.dot_delay).await;
-                    match s.after_dot {
-                        AfterDot::Reply(r) => {
-                            if r.starts_with('2') {
-                                c.accepted.fetch_add(1, Ordering::SeqCst);
-                                accepted_here += 1;
-                            }
-                            r
-                        }
-                        AfterDot::Close => return Ok(()),
-                        AfterDot::Stall => {
-                            tokio::time::sleep(Duration::from_secs(3600)).await;
-                            return Ok(());
-                        }
-                    }
-                }
+                    None => return Ok(()),
+                },
             },
             "QUIT" => {
                 w.write_all(b"221 bye\r\n").await?;
@@ -149,6 +130,38 @@ async fn session(socket: TcpStream, s: Script, c: &Counters) -> std::io::Result<
                 w.write_all(b"421 4.4.2 idle too long\r\n").await?;
             }
             return Ok(());
+        }
+    }
+}
+
+/// After DATA: 354, the message up to its final dot, then the reply the script gives after
+/// the dot; `None` when the session ends instead (closed, or stalled for an hour).
+async fn receive_data(
+    lines: &mut BufReader<OwnedReadHalf>,
+    w: &mut OwnedWriteHalf,
+    s: &Script,
+) -> std::io::Result<Option<&'static str>> {
+    w.write_all(b"354 go ahead\r\n").await?;
+    if s.close_after_354 {
+        return Ok(None);
+    }
+    let mut line = String::new();
+    loop {
+        line.clear();
+        if lines.read_line(&mut line).await? == 0 {
+            return Ok(None);
+        }
+        if line == ".\r\n" {
+            break;
+        }
+    }
+    tokio::time::sleep(s.dot_delay).await;
+    match s.after_dot {
+        AfterDot::Reply(r) => Ok(Some(r)),
+        AfterDot::Close => Ok(None),
+        AfterDot::Stall => {
+            tokio::time::sleep(Duration::from_secs(3600)).await;
+            Ok(None)
         }
     }
 }

@@ -8,7 +8,7 @@ use tokio_util::sync::CancellationToken;
 use super::{BrokerConfig, spawn_metrics, stop_metrics};
 use crate::config::SecretUrl;
 use crate::db::{Database, OnAcquire};
-use crate::metrics::Metrics;
+use crate::http::metrics::Metrics;
 use crate::relay::{Relay, RelaySettings};
 
 /// How the relay batches, polls and cleans up (`mailroom relay --help` says what each means);

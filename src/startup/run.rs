@@ -8,7 +8,7 @@ use super::{
     follow_templates, spawn_metrics, stop_metrics,
 };
 use crate::http;
-use crate::metrics::Metrics;
+use crate::http::metrics::Metrics;
 
 /// What `mailroom run` needs: the worker's settings (its database, broker and metrics address
 /// serve all three), the relay's tuning and the API's listener.

@@ -14,8 +14,8 @@ use tokio_util::sync::CancellationToken;
 use super::{BrokerConfig, live_templates};
 use crate::config::SecretUrl;
 use crate::db::Database;
+use crate::http::metrics::Metrics;
 use crate::http::{self, ApiState};
-use crate::metrics::Metrics;
 use crate::render::LiveTemplates;
 
 /// Where the HTTP API listens, and the token it requires; shared by `serve` and `run`.

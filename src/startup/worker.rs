@@ -11,7 +11,7 @@ use tokio_util::sync::CancellationToken;
 use super::{BrokerConfig, follow_templates, load_templates, spawn_metrics, stop_metrics};
 use crate::config::{OnUncertain, SecretUrl};
 use crate::db::Database;
-use crate::metrics::Metrics;
+use crate::http::metrics::Metrics;
 use crate::render::LiveTemplates;
 use crate::smtp::{Mailer, MailerSettings};
 use crate::worker::{Worker, WorkerSettings};

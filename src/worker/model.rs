@@ -67,9 +67,9 @@ use std::time::Duration;
 
 use stateright::{Model, Property};
 
-use super::process::ErrorClass;
+use super::outcome::ErrorClass;
 use crate::config::OnUncertain;
-use crate::db::{ExistingClaim, LedgerStatus as Status, judge_refusal};
+use crate::db::{ExistingClaim, LedgerStatus, judge_refusal};
 
 /// The lease, in ticks of the model's clock (`MAILROOM_LEASE`). The smallest that covers a send.
 const LEASE: u8 = 3;
@@ -155,7 +155,7 @@ pub(super) enum Unrecorded {
     ReplyLost,
 }
 
-/// [`Status`], hashable.
+/// [`LedgerStatus`], hashable.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub(super) enum RowStatus {
     Sending,
@@ -289,13 +289,13 @@ impl Windows {
 }
 
 impl RowStatus {
-    fn status(self) -> Status {
+    fn status(self) -> LedgerStatus {
         match self {
-            RowStatus::Sending => Status::Sending,
-            RowStatus::Sent => Status::Sent,
-            RowStatus::Failed => Status::Failed,
-            RowStatus::Uncertain => Status::Uncertain,
-            RowStatus::Dead => Status::Dead,
+            RowStatus::Sending => LedgerStatus::Sending,
+            RowStatus::Sent => LedgerStatus::Sent,
+            RowStatus::Failed => LedgerStatus::Failed,
+            RowStatus::Uncertain => LedgerStatus::Uncertain,
+            RowStatus::Dead => LedgerStatus::Dead,
         }
     }
 }

@@ -1,29 +1,32 @@
 //! One delivery → one [`Outcome`]: decode and validate, wait for an SMTP session, claim
-//! `(job_id, kind)`, render, send if the claim's deadline covers the whole send ([`lease`]),
-//! record. No database transaction is held across the SMTP call: the claim and each record are
-//! single statements, and the lease keeps other workers away in between.
+//! `(job_id, kind)`, then ([`send`]) render, send if the claim's deadline covers the whole send
+//! ([`lease`]), record. No database transaction is held across the SMTP call: the claim and each
+//! record are single statements, and the lease keeps other workers away in between.
 //!
 //! [`lease`]: super::lease
+//! [`send`]: super::send
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::Instant;
 
-use backon::{BackoffBuilder, ExponentialBuilder, Retryable};
+use backon::{BackoffBuilder, ExponentialBuilder};
 use lapin::message::Delivery;
 use uuid::Uuid;
 
 use super::Worker;
 use super::lease::Deadline;
+use super::outcome::{ErrorClass, Outcome, dead};
 use super::stats::Stats;
 use crate::broker;
 use crate::config::OnUncertain;
 use crate::db::is_data_error;
-use crate::db::{Claim, ClaimRequest, LedgerStatus as Status, Record, Refusal, judge_refusal};
+use crate::db::{Claim, ClaimRequest, LedgerStatus, Record, Refusal, judge_refusal};
 use crate::failpoint;
-use crate::job::{EmailJob, ValidJob, mask_addresses, mask_email};
+use crate::job::{EmailJob, ValidJob, mask_email};
 use crate::render::Templates;
-use crate::smtp::{SendError, Session};
+use crate::smtp::Session;
 
 /// Extra wait past a live lease before trying again, so the retry lands after it expired.
 const LEASE_MARGIN: Duration = Duration::from_secs(1);
@@ -32,60 +35,6 @@ const LEASE_MARGIN: Duration = Duration::from_secs(1);
 const RELEASE_PATIENCE: Duration = Duration::from_secs(2);
 /// Growth of the retry delay per attempt (before rounding up to a tier).
 const RETRY_FACTOR: f32 = 3.0;
-
-/// What to do with a delivery. Computed once; `settle` is the only place that acts on it.
-#[derive(Clone, Debug, PartialEq)]
-pub enum Outcome {
-    /// Done: the email was sent now, or earlier (a duplicate delivery).
-    Ack { duplicate: bool },
-    /// Try again later through the retry tier covering `delay`.
-    Retry { delay: Duration, reason: String },
-    /// Give up: to the dead-letter queue with a reason an operator can act on.
-    DeadLetter {
-        class: ErrorClass,
-        reason: String,
-        attempts: i64,
-    },
-}
-
-/// Why a job was dead-lettered (the `x-mailroom-error-class` header).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ErrorClass {
-    /// The message is not a valid job: not JSON, wrong shape, bad address, unknown kind.
-    Invalid,
-    /// The template could not render this job's data (missing variable, unsafe subject).
-    Template,
-    /// The SMTP server refused it for good (5xx).
-    Rejected,
-    /// Transient failures until `MAILROOM_MAX_ATTEMPTS` ran out.
-    Exhausted,
-    /// It may have been sent, and the policy is to let a human decide.
-    Uncertain,
-}
-
-impl ErrorClass {
-    pub fn parse(s: &str) -> Option<ErrorClass> {
-        [
-            ErrorClass::Invalid,
-            ErrorClass::Template,
-            ErrorClass::Rejected,
-            ErrorClass::Exhausted,
-            ErrorClass::Uncertain,
-        ]
-        .into_iter()
-        .find(|c| c.as_str() == s)
-    }
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ErrorClass::Invalid => "invalid",
-            ErrorClass::Template => "template",
-            ErrorClass::Rejected => "rejected",
-            ErrorClass::Exhausted => "exhausted",
-            ErrorClass::Uncertain => "uncertain",
-        }
-    }
-}
 
 /// The span of one delivery. Fields the body provides are filled in once it is decoded.
 pub(super) fn delivery_span(d: &Delivery) -> tracing::Span {
@@ -102,22 +51,10 @@ pub(super) fn delivery_span(d: &Delivery) -> tracing::Span {
 
 impl Worker {
     pub(super) async fn process(&self, delivery: &Delivery) -> Outcome {
-        let job = match EmailJob::decode(&delivery.data) {
-            Ok(job) => job,
-            Err(e) => return self.refuse(&delivery.data, e.to_string()).await,
+        let (job, templates) = match self.admit(delivery) {
+            Ok(admitted) => admitted,
+            Err(reason) => return self.refuse(&delivery.data, reason).await,
         };
-        let span = tracing::Span::current();
-        span.record("job_id", job.job.job_id.as_str());
-        span.record("kind", job.job.kind.as_str());
-        if let Some(first) = job.to.first() {
-            span.record("to", mask_email(first.email.as_ref()).as_str());
-        }
-        // One snapshot per delivery: a reload mid-delivery never mixes two revisions.
-        let templates = self.templates.current();
-        if !templates.contains(&job.job.kind) {
-            let reason = format!("unknown kind {:?}: no such template", job.job.kind);
-            return self.refuse(&delivery.data, reason).await;
-        }
         failpoint::hit_job("worker.before_claim", &job.job.job_id).await;
         // The SMTP session comes first: a delivery may wait for one as long as the pool is
         // busy, and holds no claim (no lease runs) while it waits.
@@ -127,64 +64,118 @@ impl Worker {
         };
         self.stats.observe_session_wait(waiting.elapsed());
         let message_id = self.mailer.message_id(&job.job.job_id, &job.job.kind);
-        let request = ClaimRequest {
-            job_id: &job.job.job_id,
-            kind: &job.job.kind,
-            message_id: &message_id,
-            token: Uuid::new_v4(),
-            lease: self.settings.lease,
-            resend_uncertain: self.settings.on_uncertain == OnUncertain::Resend,
-            replay: match self.replay_keys.honour(delivery).await {
-                Ok(genuine) => genuine,
-                Err(e) => {
-                    return self.retry(Duration::ZERO, format!("database unavailable: {e:#}"));
-                }
-            },
+        let request = match self.claim_request(delivery, &job, &message_id).await {
+            Ok(request) => request,
+            Err(outcome) => return outcome,
         };
-        let replay = request.replay;
         let asked = Instant::now();
-        let claim = match self.ledger.claim(&request).await {
+        let claim = match self.claim(&request).await {
             Ok(claim) => claim,
-            Err(e) if is_data_error(&e) => {
-                let reason = format!("the database refuses this job's data: {e}");
-                return dead(ErrorClass::Invalid, reason, 0);
-            }
-            Err(e) => {
-                if commit_outcome_unknown(&e) {
-                    self.release_unknown_claim(&request).await;
-                }
-                return self.retry(Duration::ZERO, format!("database unavailable: {e}"));
-            }
+            Err(outcome) => return outcome,
         };
         match claim {
             Claim::Claimed { attempt, token } => {
                 let deadline = Deadline::of_claim(asked, self.settings.lease);
-                tracing::Span::current().record("attempt", attempt);
-                if attempt > self.settings.max_attempts && !replay {
-                    // Only a claim taken over after its holder vanished gets here without a
-                    // recorded failure: a job that kills its worker every time (a poison job).
-                    // Its retries through a tier start a fresh delivery count, so the queue's
-                    // delivery limit would never stop it; the claim count does. (A replay from
-                    // the dead-letter queue is an operator's explicit extra attempt.)
-                    let reason = format!(
-                        "claimed {attempt} times without an outcome: the worker died each time (poison job?)"
-                    );
-                    return self
-                        .give_up(&job, token, attempt, ErrorClass::Exhausted, reason)
-                        .await;
-                }
                 let claimed = Claimed {
                     attempt,
                     token,
                     deadline,
                 };
-                self.send_claimed(&job, claimed, session, &templates).await
+                self.use_claim(&job, claimed, request.replay, session, &templates)
+                    .await
             }
             Claim::Refused(existing) => {
                 drop(session);
                 self.refused(&job, existing.as_ref()).await
             }
         }
+    }
+
+    /// Decodes and validates the job and takes this delivery's template snapshot; `Err` is the
+    /// reason to refuse it (not a job, or a kind without a template).
+    fn admit(&self, delivery: &Delivery) -> Result<(ValidJob, Arc<Templates>), String> {
+        let job = EmailJob::decode(&delivery.data).map_err(|e| e.to_string())?;
+        let span = tracing::Span::current();
+        span.record("job_id", job.job.job_id.as_str());
+        span.record("kind", job.job.kind.as_str());
+        if let Some(first) = job.to.first() {
+            span.record("to", mask_email(first.email.as_ref()).as_str());
+        }
+        // One snapshot per delivery: a reload mid-delivery never mixes two revisions.
+        let templates = self.templates.current();
+        if !templates.contains(&job.job.kind) {
+            return Err(format!("unknown kind {:?}: no such template", job.job.kind));
+        }
+        Ok((job, templates))
+    }
+
+    /// What to claim: this job under its Message-ID, with a fresh token, and whether the
+    /// delivery is a genuine replay (which needs the database to check its seal).
+    async fn claim_request<'a>(
+        &self,
+        delivery: &Delivery,
+        job: &'a ValidJob,
+        message_id: &'a str,
+    ) -> Result<ClaimRequest<'a>, Outcome> {
+        Ok(ClaimRequest {
+            job_id: &job.job.job_id,
+            kind: &job.job.kind,
+            message_id,
+            token: Uuid::new_v4(),
+            lease: self.settings.lease,
+            resend_uncertain: self.settings.on_uncertain == OnUncertain::Resend,
+            replay: match self.replay_keys.honour(delivery).await {
+                Ok(genuine) => genuine,
+                Err(e) => {
+                    return Err(self.retry(Duration::ZERO, format!("database unavailable: {e:#}")));
+                }
+            },
+        })
+    }
+
+    /// Claims the job in the ledger; `Err` is the outcome when the database refused the data or
+    /// failed (after giving back a claim that may have committed all the same).
+    async fn claim(&self, request: &ClaimRequest<'_>) -> Result<Claim, Outcome> {
+        match self.ledger.claim(request).await {
+            Ok(claim) => Ok(claim),
+            Err(e) if is_data_error(&e) => {
+                let reason = format!("the database refuses this job's data: {e}");
+                Err(dead(ErrorClass::Invalid, reason, 0))
+            }
+            Err(e) => {
+                if commit_outcome_unknown(&e) {
+                    self.release_unknown_claim(request).await;
+                }
+                Err(self.retry(Duration::ZERO, format!("database unavailable: {e}")))
+            }
+        }
+    }
+
+    /// A claim taken: gives up on a poison job, else renders and sends on it.
+    async fn use_claim(
+        &self,
+        job: &ValidJob,
+        claimed: Claimed,
+        replay: bool,
+        session: Session<'_>,
+        templates: &Templates,
+    ) -> Outcome {
+        let Claimed { attempt, token, .. } = claimed;
+        tracing::Span::current().record("attempt", attempt);
+        if attempt > self.settings.max_attempts && !replay {
+            // Only a claim taken over after its holder vanished gets here without a
+            // recorded failure: a job that kills its worker every time (a poison job).
+            // Its retries through a tier start a fresh delivery count, so the queue's
+            // delivery limit would never stop it; the claim count does. (A replay from
+            // the dead-letter queue is an operator's explicit extra attempt.)
+            let reason = format!(
+                "claimed {attempt} times without an outcome: the worker died each time (poison job?)"
+            );
+            return self
+                .give_up(job, token, attempt, ErrorClass::Exhausted, reason)
+                .await;
+        }
+        self.send_claimed(job, claimed, session, templates).await
     }
 
     /// A claim whose commit failed may still have committed (the connection broke during the
@@ -206,7 +197,7 @@ impl Worker {
     /// Gives an unused claim back (nothing was sent on it) and retries the job soon; the
     /// attempt is not counted. A failure to give it back only delays the job until the lease
     /// ends.
-    async fn give_back(&self, job: &ValidJob, token: Uuid, reason: String) -> Outcome {
+    pub(super) async fn give_back(&self, job: &ValidJob, token: Uuid, reason: String) -> Outcome {
         Stats::bump(&self.stats.given_back);
         tracing::info!(reason, "giving the claim back unused");
         let db = self.ledger.database();
@@ -247,174 +238,34 @@ impl Worker {
                 after + LEASE_MARGIN,
                 "another worker holds the claim".into(),
             ),
-            Refusal::Uncertain => {
-                let reason = "a previous attempt may have been delivered (lease expired or reply lost); MAILROOM_ON_UNCERTAIN=dead-letter".to_string();
-                // An expired `sending` row becomes `uncertain`, so `status` tells the truth.
-                let record = Record {
-                    job_id: &job.job.job_id,
-                    kind: &job.job.kind,
-                    token: None,
-                    status: Status::Uncertain,
-                    smtp_reply: None,
-                    error: Some(&reason),
-                    class: Some(ErrorClass::Uncertain.as_str()),
-                };
-                self.record_once(&record).await;
-                dead(ErrorClass::Uncertain, reason, attempts)
-            }
+            Refusal::Uncertain => self.dead_uncertain(job, attempts).await,
         }
     }
 
-    async fn send_claimed(
-        &self,
-        job: &ValidJob,
-        claimed: Claimed,
-        session: Session<'_>,
-        templates: &Templates,
-    ) -> Outcome {
-        let Claimed {
-            attempt,
-            token,
-            deadline,
-        } = claimed;
-        failpoint::hit_job("worker.after_claim", &job.job.job_id).await;
-        let j = &job.job;
-        let rendered = match templates.render(&j.kind, j.locale.as_deref(), &j.data) {
-            Ok(r) => r,
-            Err(e) => {
-                return self
-                    .give_up(job, token, attempt, ErrorClass::Template, e.to_string())
-                    .await;
-            }
-        };
-        let message = match self.mailer.build(job, &rendered) {
-            Ok(m) => m,
-            Err(e) => {
-                return self
-                    .give_up(job, token, attempt, ErrorClass::Invalid, e.to_string())
-                    .await;
-            }
-        };
-        // The fence: a send starts only if it, and the record of its result, end before the
-        // claim's deadline. The send is bounded by the SMTP timeout, so no byte of it goes out
-        // on a claim another copy may already have taken over.
-        let timeout = self.mailer.timeout();
-        if !deadline.covers_send(timeout) {
-            let reason = format!(
-                "the claim's lease has {:?} left, less than a whole send ({timeout:?}) and its record",
-                deadline.remaining()
-            );
-            return self.give_back(job, token, reason).await;
-        }
-        // The uncertain window: from here until `sent` is recorded, a crash or a lost reply may
-        // leave a delivered email unrecorded, and the redelivery resends it (README, Guarantees).
-        // The chaos soak explains every duplicate by one such window that never closed.
-        tracing::info!(window = "sending", "uncertain window opens: sending");
-        let started = Instant::now();
-        let sent = self.mailer.send_in(&session, &message).await;
-        drop(session);
-        self.stats.smtp_latency.observe(started.elapsed());
-        self.breaker.record(&sent);
-        if let Err(e) = &sent {
-            let window = if matches!(e, SendError::Uncertain { .. }) {
-                "uncertain"
-            } else {
-                "failed"
-            };
-            tracing::info!(window, error = %e, "uncertain window ends: send failed");
-        }
-        match sent {
-            Ok(reply) => {
-                if let Some(created) = j.created_at {
-                    let age = (chrono::Utc::now() - created).to_std().unwrap_or_default();
-                    self.stats.end_to_end.observe(age);
-                }
-                tracing::info!(window = "accepted", "SMTP accepted; recording sent");
-                failpoint::hit_job("worker.after_smtp_ok", &job.job.job_id).await;
-                self.record_sent(job, token, deadline, &reply, templates.revision())
-                    .await
-            }
-            Err(SendError::Permanent { reason }) => {
-                self.give_up(job, token, attempt, ErrorClass::Rejected, reason)
-                    .await
-            }
-            Err(SendError::Transient { reason } | SendError::Unreachable { reason }) => {
-                self.retry_or_give_up(job, token, attempt, Status::Failed, reason)
-                    .await
-            }
-            Err(SendError::Uncertain { reason }) => match self.settings.on_uncertain {
-                OnUncertain::Resend => {
-                    self.retry_or_give_up(job, token, attempt, Status::Uncertain, reason)
-                        .await
-                }
-                OnUncertain::DeadLetter => {
-                    self.give_up_as(
-                        job,
-                        token,
-                        attempt,
-                        Status::Uncertain,
-                        ErrorClass::Uncertain,
-                        reason,
-                    )
-                    .await
-                }
-            },
-        }
-    }
-
-    /// Records `sent`, retrying while the database is down: the delivery must not be acked
-    /// before the record is durable. If it never becomes durable within the lease, the job goes
-    /// to a retry tier; the next claim finds the lease expired and resends (documented window).
-    async fn record_sent(
-        &self,
-        job: &ValidJob,
-        token: Uuid,
-        deadline: Deadline,
-        reply: &str,
-        revision: &str,
-    ) -> Outcome {
+    /// An earlier attempt may have been delivered, and the policy is to dead-letter such a job
+    /// rather than risk a second email.
+    async fn dead_uncertain(&self, job: &ValidJob, attempts: i64) -> Outcome {
+        let reason = "a previous attempt may have been delivered (lease expired or reply lost); MAILROOM_ON_UNCERTAIN=dead-letter".to_string();
+        // An expired `sending` row becomes `uncertain`, so `status` tells the truth.
         let record = Record {
             job_id: &job.job.job_id,
             kind: &job.job.kind,
-            token: Some(token),
-            status: Status::Sent,
-            smtp_reply: Some(reply),
-            error: None,
-            class: None,
+            token: None,
+            status: LedgerStatus::Uncertain,
+            smtp_reply: None,
+            error: Some(&reason),
+            class: Some(ErrorClass::Uncertain.as_str()),
         };
-        let policy = ExponentialBuilder::default()
-            .with_min_delay(Duration::from_millis(100))
-            .with_max_delay(Duration::from_secs(5))
-            .with_total_delay(Some(deadline.remaining().max(super::lease::RECORD_BUDGET)))
-            .without_max_times();
-        let result = (|| self.ledger.record(&record, Some(revision)))
-            .retry(policy)
-            .notify(|e, wait| tracing::warn!(error = %e, retry_in = ?wait, "cannot record sent; retrying"))
-            .await;
-        match result {
-            Ok(true) => {
-                failpoint::hit_job("worker.after_record", &job.job.job_id).await;
-                let reply = mask_addresses(reply);
-                tracing::info!(window = "closed", reply, templates = revision, "sent");
-                Outcome::Ack { duplicate: false }
-            }
-            Ok(false) => {
-                tracing::warn!("sent, but the claim had been taken over; the new holder decides");
-                Outcome::Ack { duplicate: false }
-            }
-            Err(e) => self.retry(
-                self.settings.lease,
-                format!("sent but could not record it: {e}"),
-            ),
-        }
+        self.record_once(&record).await;
+        dead(ErrorClass::Uncertain, reason, attempts)
     }
 
-    async fn retry_or_give_up(
+    pub(super) async fn retry_or_give_up(
         &self,
         job: &ValidJob,
         token: Uuid,
         attempt: i32,
-        status: Status,
+        status: LedgerStatus,
         reason: String,
     ) -> Outcome {
         if attempt >= self.settings.max_attempts {
@@ -428,7 +279,7 @@ impl Worker {
         self.retry(self.backoff(attempt), reason)
     }
 
-    async fn give_up(
+    pub(super) async fn give_up(
         &self,
         job: &ValidJob,
         token: Uuid,
@@ -436,16 +287,16 @@ impl Worker {
         class: ErrorClass,
         reason: String,
     ) -> Outcome {
-        self.give_up_as(job, token, attempt, Status::Dead, class, reason)
+        self.give_up_as(job, token, attempt, LedgerStatus::Dead, class, reason)
             .await
     }
 
-    async fn give_up_as(
+    pub(super) async fn give_up_as(
         &self,
         job: &ValidJob,
         token: Uuid,
         attempt: i32,
-        status: Status,
+        status: LedgerStatus,
         class: ErrorClass,
         reason: String,
     ) -> Outcome {
@@ -477,7 +328,7 @@ impl Worker {
             .unwrap_or(last)
     }
 
-    fn retry(&self, wanted: Duration, reason: String) -> Outcome {
+    pub(super) fn retry(&self, wanted: Duration, reason: String) -> Outcome {
         Outcome::Retry {
             delay: self.settings.topology.tier_for(wanted),
             reason,
@@ -487,17 +338,17 @@ impl Worker {
 
 /// A claim this delivery holds: its attempt number, its token, and until when it may be used.
 #[derive(Clone, Copy, Debug)]
-struct Claimed {
-    attempt: i32,
-    token: Uuid,
-    deadline: Deadline,
+pub(super) struct Claimed {
+    pub(super) attempt: i32,
+    pub(super) token: Uuid,
+    pub(super) deadline: Deadline,
 }
 
 /// A failure to record; `class` for a row that becomes `dead` or `uncertain`.
 fn record<'a>(
     job: &'a ValidJob,
     token: Uuid,
-    status: Status,
+    status: LedgerStatus,
     class: Option<ErrorClass>,
     reason: &'a str,
 ) -> Record<'a> {
@@ -520,17 +371,4 @@ fn commit_outcome_unknown(e: &sqlx::Error) -> bool {
         e,
         sqlx::Error::Io(_) | sqlx::Error::Protocol(_) | sqlx::Error::WorkerCrashed
     )
-}
-
-fn dead(class: ErrorClass, reason: String, attempts: i64) -> Outcome {
-    tracing::warn!(
-        class = class.as_str(),
-        reason = mask_addresses(&reason),
-        "dead-lettering"
-    );
-    Outcome::DeadLetter {
-        class,
-        reason,
-        attempts,
-    }
 }

@@ -2,13 +2,16 @@
 //! confirmed republish followed by an ack. Rejects are per delivery (`basic.reject`), never a
 //! bulk nack that could drag innocent deliveries along.
 
+use std::time::Duration;
+
 use lapin::{
+    BasicProperties,
     message::Delivery,
     options::{BasicAckOptions, BasicRejectOptions},
     types::AMQPValue,
 };
 
-use super::{Outcome, Stats, Worker};
+use super::{ErrorClass, Outcome, Stats, Worker};
 use crate::broker::{self, Topology};
 use crate::job::mask_addresses;
 
@@ -16,7 +19,7 @@ use crate::job::mask_addresses;
 /// handed to lapin as the broker connection broke (a broker restart) was seen never to resolve,
 /// which held its concurrency slot for good and kept the worker from shutting down. Past this,
 /// the delivery counts as unsettled: a broken connection's deliveries are redelivered anyway.
-const SETTLE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+const SETTLE_TIMEOUT: Duration = Duration::from_secs(10);
 
 impl Worker {
     pub(super) async fn settle(
@@ -25,78 +28,96 @@ impl Worker {
         delivery: &Delivery,
         outcome: Outcome,
     ) {
-        let stats = &self.stats;
         match outcome {
-            Outcome::Ack { duplicate } => {
-                Stats::bump(if duplicate {
-                    &stats.duplicates
-                } else {
-                    &stats.sent
-                });
-                self.ack(delivery).await;
-            }
+            Outcome::Ack { duplicate } => self.settle_done(delivery, duplicate).await,
             Outcome::Retry { delay, reason } => {
-                let attempt = broker::int_header(&delivery.properties, broker::ATTEMPT_HEADER)
-                    .unwrap_or(1)
-                    + 1;
-                let props = broker::with_headers(
-                    &delivery.properties,
-                    &[
-                        (
-                            broker::DELAY_HEADER,
-                            broker::text_value(&Topology::delay_label(delay)),
-                        ),
-                        (broker::ATTEMPT_HEADER, AMQPValue::LongLongInt(attempt)),
-                        (broker::LAST_ERROR_HEADER, broker::reason_value(&reason)),
-                    ],
-                );
-                let exchange = &self.settings.topology.retry_exchange;
-                match publisher
-                    .publish(
-                        exchange,
-                        delivery.routing_key.as_str(),
-                        &delivery.data,
-                        props,
-                    )
-                    .await
-                {
-                    Ok(()) => {
-                        tracing::info!(?delay, reason = mask_addresses(&reason), "retry scheduled");
-                        Stats::bump(&stats.retried);
-                        self.ack(delivery).await;
-                    }
-                    Err(e) => {
-                        tracing::warn!(error = %e, "cannot schedule the retry; returning the delivery to the queue");
-                        self.reject(delivery, true).await;
-                    }
-                }
+                self.settle_retry(publisher, delivery, delay, &reason).await
             }
             Outcome::DeadLetter {
                 class,
                 reason,
                 attempts,
             } => {
-                let props = broker::with_headers(
-                    &delivery.properties,
-                    &broker::dead_letter_headers(&reason, class.as_str(), attempts),
-                );
-                let dlx = &self.settings.topology.dlx;
-                match publisher
-                    .publish(dlx, delivery.routing_key.as_str(), &delivery.data, props)
+                self.settle_dead(publisher, delivery, class, &reason, attempts)
                     .await
-                {
-                    Ok(()) => {
-                        stats.dead_lettered(&self.kind_label(delivery), class.as_str());
-                        self.ack(delivery).await;
-                    }
-                    Err(e) => {
-                        // The queue's own dead-letter exchange keeps the message (at-least-once),
-                        // without our reason headers; the reason is in this log line.
-                        tracing::error!(error = %e, class = class.as_str(), reason = mask_addresses(&reason), "cannot publish to the dead-letter exchange; rejecting to the queue's DLX");
-                        stats.dead_lettered(&self.kind_label(delivery), class.as_str());
-                        self.reject(delivery, false).await;
-                    }
-                }
+            }
+        }
+    }
+
+    /// Sent now, or earlier (a duplicate): counts it and acks.
+    async fn settle_done(&self, delivery: &Delivery, duplicate: bool) {
+        let stats = &self.stats;
+        Stats::bump(if duplicate {
+            &stats.duplicates
+        } else {
+            &stats.sent
+        });
+        self.ack(delivery).await;
+    }
+
+    /// Publishes a copy to the retry tier for `delay` (confirmed), then acks; if the publish
+    /// fails, the delivery goes back to the queue instead.
+    async fn settle_retry(
+        &self,
+        publisher: &broker::Publisher,
+        delivery: &Delivery,
+        delay: Duration,
+        reason: &str,
+    ) {
+        let props = retry_properties(delivery, delay, reason);
+        let exchange = &self.settings.topology.retry_exchange;
+        match publisher
+            .publish(
+                exchange,
+                delivery.routing_key.as_str(),
+                &delivery.data,
+                props,
+            )
+            .await
+        {
+            Ok(()) => {
+                tracing::info!(?delay, reason = mask_addresses(reason), "retry scheduled");
+                Stats::bump(&self.stats.retried);
+                self.ack(delivery).await;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot schedule the retry; returning the delivery to the queue");
+                self.reject(delivery, true).await;
+            }
+        }
+    }
+
+    /// Publishes the job to our dead-letter exchange with its reason (confirmed), then acks; if
+    /// that fails, rejects it to the queue's own dead-letter exchange.
+    async fn settle_dead(
+        &self,
+        publisher: &broker::Publisher,
+        delivery: &Delivery,
+        class: ErrorClass,
+        reason: &str,
+        attempts: i64,
+    ) {
+        let props = broker::with_headers(
+            &delivery.properties,
+            &broker::dead_letter_headers(reason, class.as_str(), attempts),
+        );
+        let dlx = &self.settings.topology.dlx;
+        match publisher
+            .publish(dlx, delivery.routing_key.as_str(), &delivery.data, props)
+            .await
+        {
+            Ok(()) => {
+                self.stats
+                    .dead_lettered(&self.kind_label(delivery), class.as_str());
+                self.ack(delivery).await;
+            }
+            Err(e) => {
+                // The queue's own dead-letter exchange keeps the message (at-least-once),
+                // without our reason headers; the reason is in this log line.
+                tracing::error!(error = %e, class = class.as_str(), reason = mask_addresses(reason), "cannot publish to the dead-letter exchange; rejecting to the queue's DLX");
+                self.stats
+                    .dead_lettered(&self.kind_label(delivery), class.as_str());
+                self.reject(delivery, false).await;
             }
         }
     }
@@ -144,4 +165,21 @@ impl Worker {
         Stats::bump(&self.stats.unsettled);
         tracing::warn!("{what}");
     }
+}
+
+/// The delivery's properties for its next attempt: the retry tier, the attempt count (one
+/// more), and the reason of this one.
+fn retry_properties(delivery: &Delivery, delay: Duration, reason: &str) -> BasicProperties {
+    let attempt = broker::int_header(&delivery.properties, broker::ATTEMPT_HEADER).unwrap_or(1) + 1;
+    broker::with_headers(
+        &delivery.properties,
+        &[
+            (
+                broker::DELAY_HEADER,
+                broker::text_value(&Topology::delay_label(delay)),
+            ),
+            (broker::ATTEMPT_HEADER, AMQPValue::LongLongInt(attempt)),
+            (broker::LAST_ERROR_HEADER, broker::reason_value(reason)),
+        ],
+    )
 }

@@ -1,15 +1,19 @@
 //! Counters of what the worker did, shared by its tasks. Tests and `/metrics`
-//! ([`crate::metrics`]) read them; every settled delivery bumps a generation number that can be
+//! ([`crate::http::metrics`]) read them; every settled delivery bumps a generation number that can be
 //! awaited.
 
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::sync::watch;
 
+use super::histogram::{END_TO_END_BUCKETS, Histogram, SMTP_BUCKETS};
 use crate::db::group::LedgerStats;
-use crate::metrics::{END_TO_END_BUCKETS, Histogram, LabelCounts, SMTP_BUCKETS};
+
+/// Counts by label pair, for the few labelled counters.
+pub type LabelCounts = BTreeMap<(String, String), u64>;
 
 /// Counts since the worker started.
 #[derive(Debug)]

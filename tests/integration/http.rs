@@ -4,8 +4,8 @@
 use std::sync::Arc;
 
 use mailroom::config::UrlList;
+use mailroom::http::metrics::Metrics;
 use mailroom::http::{self, ApiState};
-use mailroom::metrics::Metrics;
 use mailroom::render::LiveTemplates;
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use mailroom::db::group::{ClaimItem, Group, Ledger, RecordItem};
 use mailroom::db::{Claim, ClaimRequest, Record};
-use mailroom::db::{Database, LedgerStatus as Status};
+use mailroom::db::{Database, LedgerStatus};
 use uuid::Uuid;
 
 use crate::helpers::TestApp;
@@ -53,10 +53,10 @@ async fn prepare(db: &Database, job_id: &str, state: &str) {
     };
     let (status, class) = match state {
         "sending-live" | "sending-expired" => return,
-        "failed" => (Status::Failed, None),
-        "sent" => (Status::Sent, None),
-        "dead" => (Status::Dead, Some("rejected")),
-        "uncertain" => (Status::Uncertain, Some("uncertain")),
+        "failed" => (LedgerStatus::Failed, None),
+        "sent" => (LedgerStatus::Sent, None),
+        "dead" => (LedgerStatus::Dead, Some("rejected")),
+        "uncertain" => (LedgerStatus::Uncertain, Some("uncertain")),
         other => panic!("unknown state {other}"),
     };
     let record = Record {
@@ -148,7 +148,7 @@ async fn a_group_answers_each_claim_and_record_as_the_single_statements_do() {
                 job_id,
                 kind: KIND,
                 token: Some(*token),
-                status: Status::Sent,
+                status: LedgerStatus::Sent,
                 smtp_reply: Some("250 2.0.0 queued"),
                 error: None,
                 class: None,
@@ -179,7 +179,7 @@ async fn a_group_answers_each_claim_and_record_as_the_single_statements_do() {
                     job_id: job_id.clone(),
                     kind: KIND.into(),
                     token: *token,
-                    status: Status::Sent,
+                    status: LedgerStatus::Sent,
                     smtp_reply: Some("250 2.0.0 queued".into()),
                     error: None,
                     class: None,
@@ -245,7 +245,7 @@ async fn concurrent_claims_of_one_job_through_a_grouped_ledger_give_one_claim() 
         .count();
     let busy = answers
         .iter()
-        .filter(|c| matches!(c, Claim::Refused(Some(e)) if e.status == Status::Sending && e.lease_remaining.is_some()))
+        .filter(|c| matches!(c, Claim::Refused(Some(e)) if e.status == LedgerStatus::Sending && e.lease_remaining.is_some()))
         .count();
     assert_eq!(
         (claimed, busy),
@@ -268,7 +268,7 @@ async fn concurrent_claims_of_one_job_through_a_grouped_ledger_give_one_claim() 
                     job_id: &job_id,
                     kind: KIND,
                     token: Some(token),
-                    status: Status::Sent,
+                    status: LedgerStatus::Sent,
                     smtp_reply: Some("250 ok"),
                     error: None,
                     class: None,

@@ -2,7 +2,7 @@
 //! relay's lag shows a waiting row, and the real `worker --metrics-addr` and `run` processes
 //! serve them (the worker also reloading its templates on SIGHUP).
 
-use mailroom::metrics::Metrics;
+use mailroom::http::metrics::Metrics;
 
 use crate::helpers::*;
 use crate::http::Api;

@@ -9,8 +9,8 @@ use lapin::{Connection, options::BasicPublishOptions, types::AMQPValue};
 use mailroom::broker;
 use mailroom::config::UrlList;
 use mailroom::dlq::seal::{ReplayKey, SEAL_HEADER};
+use mailroom::http::metrics::Metrics;
 use mailroom::http::{self, ApiState, BrokerProbe};
-use mailroom::metrics::Metrics;
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 

@@ -58,18 +58,7 @@ impl Mailroom {
         }
         match action {
             Action::Tick => tick(world),
-            Action::Claim { worker, copy } => {
-                // Decoded, SMTP session taken (waiting for it holds no claim: the copy may wait
-                // in the broker as long), claim issued with a fresh token: the deadline starts.
-                world.copies[copy] = Copy::Held;
-                world.workers[worker] = Some(Delivery {
-                    copy: copy as u8,
-                    step: Step::Claiming {
-                        deadline: LEASE - SAFETY,
-                    },
-                    token: Some(u8::MAX),
-                });
-            }
+            Action::Claim { worker, copy } => claim(world, worker, copy),
             Action::Commit(w) => self.commit(world, w, true, true),
             Action::CommitFails(w) => self.commit(world, w, false, false),
             Action::CommitUnknown(w) => self.commit(world, w, true, false),
@@ -90,22 +79,21 @@ impl Mailroom {
                     deadline,
                 };
             }
-            Action::ReplyLost(w) => {
-                world.leave_unrecorded(w, Unrecorded::ReplyLost);
-                let attempt = world.delivery(w).step.attempt();
-                let write = match self.on_uncertain {
-                    OnUncertain::Resend => self.retry_or_give_up(attempt, RowStatus::Uncertain),
-                    OnUncertain::DeadLetter => give_up(RowStatus::Uncertain, Class::Uncertain),
-                };
-                world.delivery(w).step = writing(write);
-            }
+            Action::ReplyLost(w) => self.reply_lost(world, w),
             Action::Settle(w) => settle(world, w),
-            Action::Crash(w) => {
-                world.leave_unrecorded(w, Unrecorded::Crashed);
-                let d = world.workers[w].take().expect("a crash needs a delivery");
-                world.copies[usize::from(d.copy)] = Copy::Ready;
-            }
+            Action::Crash(w) => crash(world, w),
         }
+    }
+
+    /// The email went out but its reply was lost: an uncertain send, handled as the policy says.
+    fn reply_lost(&self, world: &mut World, w: usize) {
+        world.leave_unrecorded(w, Unrecorded::ReplyLost);
+        let attempt = world.delivery(w).step.attempt();
+        let write = match self.on_uncertain {
+            OnUncertain::Resend => self.retry_or_give_up(attempt, RowStatus::Uncertain),
+            OnUncertain::DeadLetter => give_up(RowStatus::Uncertain, Class::Uncertain),
+        };
+        world.delivery(w).step = writing(write);
     }
 
     /// The pending write of worker `w` commits (`written`) or not, and its answer is an error
@@ -304,4 +292,25 @@ fn settle(world: &mut World, w: usize) {
         }
         Outcome::DeadLetter(class) => Copy::DeadLettered(class),
     };
+}
+
+/// Worker `worker` takes copy `copy`: decoded, SMTP session taken (waiting for it holds no
+/// claim: the copy may wait in the broker as long), claim issued with a fresh token: the
+/// deadline starts.
+fn claim(world: &mut World, worker: usize, copy: usize) {
+    world.copies[copy] = Copy::Held;
+    world.workers[worker] = Some(Delivery {
+        copy: copy as u8,
+        step: Step::Claiming {
+            deadline: LEASE - SAFETY,
+        },
+        token: Some(u8::MAX),
+    });
+}
+
+/// Worker `w` dies: what it did not record stays unrecorded, and its copy goes back to the queue.
+fn crash(world: &mut World, w: usize) {
+    world.leave_unrecorded(w, Unrecorded::Crashed);
+    let d = world.workers[w].take().expect("a crash needs a delivery");
+    world.copies[usize::from(d.copy)] = Copy::Ready;
 }

@@ -36,7 +36,14 @@ pub(super) fn tick(world: &mut World) {
         }
     }
     for d in world.workers.iter_mut().flatten() {
-        d.step = match d.step {
+        d.step = d.step.ticked();
+    }
+}
+
+impl Step {
+    /// The step one tick later: every deadline and send timeout one closer.
+    fn ticked(self) -> Step {
+        match self {
             Step::Claiming { deadline } => Step::Claiming {
                 deadline: deadline.saturating_sub(1),
             },
@@ -67,11 +74,9 @@ pub(super) fn tick(world: &mut World) {
                 deadline: deadline.saturating_sub(1),
             },
             step @ Step::Settling(_) => step,
-        };
+        }
     }
-}
 
-impl Step {
     pub(super) fn attempt(self) -> u8 {
         match self {
             Step::Claimed { attempt, .. }

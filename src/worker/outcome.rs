@@ -1,0 +1,74 @@
+//! The one decision a delivery ends in ([`Outcome`]), and why a job is given up on
+//! ([`ErrorClass`]). `process` computes it; `settle` is the only place that acts on it.
+
+use std::time::Duration;
+
+use crate::job::mask_addresses;
+
+/// What to do with a delivery. Computed once; `settle` is the only place that acts on it.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Outcome {
+    /// Done: the email was sent now, or earlier (a duplicate delivery).
+    Ack { duplicate: bool },
+    /// Try again later through the retry tier covering `delay`.
+    Retry { delay: Duration, reason: String },
+    /// Give up: to the dead-letter queue with a reason an operator can act on.
+    DeadLetter {
+        class: ErrorClass,
+        reason: String,
+        attempts: i64,
+    },
+}
+
+/// Why a job was dead-lettered (the `x-mailroom-error-class` header).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ErrorClass {
+    /// The message is not a valid job: not JSON, wrong shape, bad address, unknown kind.
+    Invalid,
+    /// The template could not render this job's data (missing variable, unsafe subject).
+    Template,
+    /// The SMTP server refused it for good (5xx).
+    Rejected,
+    /// Transient failures until `MAILROOM_MAX_ATTEMPTS` ran out.
+    Exhausted,
+    /// It may have been sent, and the policy is to let a human decide.
+    Uncertain,
+}
+
+impl ErrorClass {
+    pub fn parse(s: &str) -> Option<ErrorClass> {
+        [
+            ErrorClass::Invalid,
+            ErrorClass::Template,
+            ErrorClass::Rejected,
+            ErrorClass::Exhausted,
+            ErrorClass::Uncertain,
+        ]
+        .into_iter()
+        .find(|c| c.as_str() == s)
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ErrorClass::Invalid => "invalid",
+            ErrorClass::Template => "template",
+            ErrorClass::Rejected => "rejected",
+            ErrorClass::Exhausted => "exhausted",
+            ErrorClass::Uncertain => "uncertain",
+        }
+    }
+}
+
+/// The outcome that gives up on a job, with the warning that says so.
+pub(super) fn dead(class: ErrorClass, reason: String, attempts: i64) -> Outcome {
+    tracing::warn!(
+        class = class.as_str(),
+        reason = mask_addresses(&reason),
+        "dead-lettering"
+    );
+    Outcome::DeadLetter {
+        class,
+        reason,
+        attempts,
+    }
+}

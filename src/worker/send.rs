@@ -1,0 +1,205 @@
+//! Sending on a claim this delivery holds: render and build the message, check that the
+//! claim's deadline covers a whole send, send in the uncertain window, and record the result
+//! (`sent` durably, a failure once) before the outcome goes to `settle`.
+
+use std::time::Duration;
+
+use backon::{ExponentialBuilder, Retryable};
+use tokio::time::Instant;
+use uuid::Uuid;
+
+use super::Worker;
+use super::lease::{Deadline, RECORD_BUDGET};
+use super::outcome::{ErrorClass, Outcome};
+use super::process::Claimed;
+use crate::config::OnUncertain;
+use crate::db::LedgerStatus;
+use crate::db::Record;
+use crate::failpoint;
+use crate::job::{ValidJob, mask_addresses};
+use crate::render::Templates;
+use crate::smtp::{Outgoing, SendError, Session};
+
+impl Worker {
+    pub(super) async fn send_claimed(
+        &self,
+        job: &ValidJob,
+        claimed: Claimed,
+        session: Session<'_>,
+        templates: &Templates,
+    ) -> Outcome {
+        let Claimed {
+            attempt,
+            token,
+            deadline,
+        } = claimed;
+        failpoint::hit_job("worker.after_claim", &job.job.job_id).await;
+        let message = match self.compose(job, templates) {
+            Ok(m) => m,
+            Err((class, reason)) => {
+                return self.give_up(job, token, attempt, class, reason).await;
+            }
+        };
+        // The fence: a send starts only if it, and the record of its result, end before the
+        // claim's deadline. The send is bounded by the SMTP timeout, so no byte of it goes out
+        // on a claim another copy may already have taken over.
+        let timeout = self.mailer.timeout();
+        if !deadline.covers_send(timeout) {
+            let reason = format!(
+                "the claim's lease has {:?} left, less than a whole send ({timeout:?}) and its record",
+                deadline.remaining()
+            );
+            return self.give_back(job, token, reason).await;
+        }
+        match self.send(session, &message).await {
+            Ok(reply) => self.accepted(job, token, deadline, &reply, templates).await,
+            Err(e) => self.send_failed(job, token, attempt, e).await,
+        }
+    }
+
+    /// Renders the job and builds its message; `Err` is the class and reason to give up with.
+    fn compose(
+        &self,
+        job: &ValidJob,
+        templates: &Templates,
+    ) -> Result<Outgoing, (ErrorClass, String)> {
+        let j = &job.job;
+        let rendered = templates
+            .render(&j.kind, j.locale.as_deref(), &j.data)
+            .map_err(|e| (ErrorClass::Template, e.to_string()))?;
+        self.mailer
+            .build(job, &rendered)
+            .map_err(|e| (ErrorClass::Invalid, e.to_string()))
+    }
+
+    /// Sends in the uncertain window: from here until `sent` is recorded, a crash or a lost
+    /// reply may leave a delivered email unrecorded, and the redelivery resends it (README,
+    /// Guarantees). The chaos soak explains every duplicate by one such window that never
+    /// closed. The session is given back as soon as the send ends.
+    async fn send(&self, session: Session<'_>, message: &Outgoing) -> Result<String, SendError> {
+        tracing::info!(window = "sending", "uncertain window opens: sending");
+        let started = Instant::now();
+        let sent = self.mailer.send_in(&session, message).await;
+        drop(session);
+        self.stats.smtp_latency.observe(started.elapsed());
+        self.breaker.record(&sent);
+        if let Err(e) = &sent {
+            let window = if matches!(e, SendError::Uncertain { .. }) {
+                "uncertain"
+            } else {
+                "failed"
+            };
+            tracing::info!(window, error = %e, "uncertain window ends: send failed");
+        }
+        sent
+    }
+
+    /// The SMTP server accepted the message: measures its age and records it sent.
+    async fn accepted(
+        &self,
+        job: &ValidJob,
+        token: Uuid,
+        deadline: Deadline,
+        reply: &str,
+        templates: &Templates,
+    ) -> Outcome {
+        if let Some(created) = job.job.created_at {
+            let age = (chrono::Utc::now() - created).to_std().unwrap_or_default();
+            self.stats.end_to_end.observe(age);
+        }
+        tracing::info!(window = "accepted", "SMTP accepted; recording sent");
+        failpoint::hit_job("worker.after_smtp_ok", &job.job.job_id).await;
+        self.record_sent(job, token, deadline, reply, templates.revision())
+            .await
+    }
+
+    /// The send failed: give up on a refusal, retry a transient failure, and an uncertain one
+    /// as `MAILROOM_ON_UNCERTAIN` says.
+    async fn send_failed(
+        &self,
+        job: &ValidJob,
+        token: Uuid,
+        attempt: i32,
+        error: SendError,
+    ) -> Outcome {
+        match error {
+            SendError::Permanent { reason } => {
+                self.give_up(job, token, attempt, ErrorClass::Rejected, reason)
+                    .await
+            }
+            SendError::Transient { reason } | SendError::Unreachable { reason } => {
+                self.retry_or_give_up(job, token, attempt, LedgerStatus::Failed, reason)
+                    .await
+            }
+            SendError::Uncertain { reason } => match self.settings.on_uncertain {
+                OnUncertain::Resend => {
+                    self.retry_or_give_up(job, token, attempt, LedgerStatus::Uncertain, reason)
+                        .await
+                }
+                OnUncertain::DeadLetter => {
+                    self.give_up_as(
+                        job,
+                        token,
+                        attempt,
+                        LedgerStatus::Uncertain,
+                        ErrorClass::Uncertain,
+                        reason,
+                    )
+                    .await
+                }
+            },
+        }
+    }
+
+    /// Records `sent`, retrying while the database is down: the delivery must not be acked
+    /// before the record is durable. If it never becomes durable within the lease, the job goes
+    /// to a retry tier; the next claim finds the lease expired and resends (documented window).
+    async fn record_sent(
+        &self,
+        job: &ValidJob,
+        token: Uuid,
+        deadline: Deadline,
+        reply: &str,
+        revision: &str,
+    ) -> Outcome {
+        let record = sent_record(job, token, reply);
+        let policy = ExponentialBuilder::default()
+            .with_min_delay(Duration::from_millis(100))
+            .with_max_delay(Duration::from_secs(5))
+            .with_total_delay(Some(deadline.remaining().max(RECORD_BUDGET)))
+            .without_max_times();
+        let result = (|| self.ledger.record(&record, Some(revision)))
+            .retry(policy)
+            .notify(|e, wait| tracing::warn!(error = %e, retry_in = ?wait, "cannot record sent; retrying"))
+            .await;
+        match result {
+            Ok(true) => {
+                failpoint::hit_job("worker.after_record", &job.job.job_id).await;
+                let reply = mask_addresses(reply);
+                tracing::info!(window = "closed", reply, templates = revision, "sent");
+                Outcome::Ack { duplicate: false }
+            }
+            Ok(false) => {
+                tracing::warn!("sent, but the claim had been taken over; the new holder decides");
+                Outcome::Ack { duplicate: false }
+            }
+            Err(e) => self.retry(
+                self.settings.lease,
+                format!("sent but could not record it: {e}"),
+            ),
+        }
+    }
+}
+
+/// The record of a send the SMTP server accepted with `reply`, under the claim's token.
+fn sent_record<'a>(job: &'a ValidJob, token: Uuid, reply: &'a str) -> Record<'a> {
+    Record {
+        job_id: &job.job.job_id,
+        kind: &job.job.kind,
+        token: Some(token),
+        status: LedgerStatus::Sent,
+        smtp_reply: Some(reply),
+        error: None,
+        class: None,
+    }
+}
