@@ -33,3 +33,6 @@ pub mod startup;
 pub mod status;
 pub mod telemetry;
 pub mod worker;
+
+#[cfg(test)]
+mod layers;
