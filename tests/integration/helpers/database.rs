@@ -1,0 +1,136 @@
+//! The suite's database engine (`MAILROOM_TEST_ENGINE`), tests skipped visibly on the other
+//! one, each test's own database, and transactions of either engine.
+
+use mailroom::db::Engine;
+use mailroom::db::outbox::{self, EnqueueError, Enqueued};
+use mailroom::job::EmailJob;
+use sqlx::{Connection as _, Executor as _, MySql, MySqlConnection, PgConnection, Postgres};
+
+pub fn database_url() -> String {
+    std::env::var("MAILROOM_TEST_DATABASE_URL")
+        .unwrap_or_else(|_| "postgres://mailroom:mailroom@127.0.0.1:5432/mailroom".into())
+}
+
+pub fn mysql_url() -> String {
+    std::env::var("MAILROOM_TEST_MYSQL_URL")
+        .unwrap_or_else(|_| "mysql://mailroom:mailroom@127.0.0.1:3306/mailroom".into())
+}
+
+/// The engine the suite runs against: `MAILROOM_TEST_ENGINE=postgres` (the default) or
+/// `mysql` (MySQL 8 / MariaDB). `scripts/test` runs the integration suite once per engine.
+pub fn engine() -> Engine {
+    match std::env::var("MAILROOM_TEST_ENGINE").as_deref() {
+        Ok("mysql" | "mariadb") => Engine::MySql,
+        Ok("postgres" | "postgresql") | Err(_) => Engine::Postgres,
+        Ok(other) => panic!("MAILROOM_TEST_ENGINE={other}: expected postgres or mysql"),
+    }
+}
+
+/// Whether the calling test runs on the suite's engine. If not, it is skipped, visibly: a
+/// `SKIP` line on stderr (shown with `--nocapture`), and the test's name appended to the file
+/// named by `MAILROOM_TEST_SKIPS`, which `scripts/test` lists after each engine's pass, failing
+/// the run if a test was skipped on every engine. Use as
+/// `if !runs_on(Engine::Postgres, "LISTEN/NOTIFY is PostgreSQL's") { return; }`.
+pub fn runs_on(wanted: Engine, why: &str) -> bool {
+    let here = engine();
+    if here == wanted {
+        return true;
+    }
+    // libtest runs each test on a thread named after it.
+    let test = std::thread::current().name().unwrap_or("?").to_string();
+    eprintln!("SKIP {test} on {here:?}: {why}");
+    if let Some(path) = std::env::var_os("MAILROOM_TEST_SKIPS") {
+        use std::io::Write;
+        let mut file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+            .unwrap();
+        writeln!(file, "{test}\t{why}").unwrap();
+    }
+    false
+}
+
+/// Creates an empty database of the suite's engine; returns its URL.
+pub(super) async fn create_database(name: &str) -> String {
+    let admin = match engine() {
+        Engine::Postgres => database_url(),
+        Engine::MySql => mysql_url(),
+    };
+    match engine() {
+        Engine::Postgres => PgConnection::connect(&admin)
+            .await
+            .expect("PostgreSQL is up (scripts/services)")
+            .execute(sqlx::AssertSqlSafe(format!(r#"CREATE DATABASE "{name}""#)))
+            .await
+            .map(drop),
+        Engine::MySql => MySqlConnection::connect(&admin)
+            .await
+            .expect("MariaDB/MySQL is up (scripts/services)")
+            .execute(sqlx::AssertSqlSafe(format!("CREATE DATABASE `{name}`")))
+            .await
+            .map(drop),
+    }
+    .unwrap();
+    let mut url = url::Url::parse(&admin).unwrap();
+    url.set_path(name);
+    url.to_string()
+}
+
+pub(super) async fn drop_database(name: &str) {
+    match engine() {
+        Engine::Postgres => {
+            if let Ok(mut admin) = PgConnection::connect(&database_url()).await {
+                let drop = format!(r#"DROP DATABASE IF EXISTS "{name}" WITH (FORCE)"#);
+                let _ = admin.execute(sqlx::AssertSqlSafe(drop)).await;
+            }
+        }
+        Engine::MySql => {
+            if let Ok(mut admin) = MySqlConnection::connect(&mysql_url()).await {
+                let drop = format!("DROP DATABASE IF EXISTS `{name}`");
+                let _ = admin.execute(sqlx::AssertSqlSafe(drop)).await;
+            }
+        }
+    }
+}
+
+/// A transaction on the test's database, of either engine, through the public enqueue API.
+pub enum TestTx {
+    Pg(sqlx::Transaction<'static, Postgres>),
+    My(sqlx::Transaction<'static, MySql>),
+}
+
+impl TestTx {
+    /// Runs one statement written in SQL both engines accept.
+    pub async fn execute(&mut self, sql: &str) {
+        let sql = sqlx::AssertSqlSafe(sql.to_string());
+        match self {
+            TestTx::Pg(tx) => tx.execute(sql).await.map(drop),
+            TestTx::My(tx) => tx.execute(sql).await.map(drop),
+        }
+        .unwrap();
+    }
+
+    pub async fn enqueue(&mut self, job: &EmailJob) -> Result<Enqueued, EnqueueError> {
+        match self {
+            TestTx::Pg(tx) => outbox::enqueue(tx, job).await,
+            TestTx::My(tx) => outbox::enqueue(tx, job).await,
+        }
+    }
+
+    pub async fn commit(self) {
+        match self {
+            TestTx::Pg(tx) => tx.commit().await,
+            TestTx::My(tx) => tx.commit().await,
+        }
+        .unwrap()
+    }
+
+    pub async fn rollback(self) {
+        match self {
+            TestTx::Pg(tx) => tx.rollback().await,
+            TestTx::My(tx) => tx.rollback().await,
+        }
+        .unwrap()
+    }
+}
