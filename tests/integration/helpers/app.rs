@@ -11,13 +11,14 @@ use mailroom::config::SecretUrl;
 use mailroom::db::outbox::{EnqueueError, Enqueued};
 use mailroom::db::{Database, Notification};
 use mailroom::job::EmailJob;
+use mailroom_test_kit::services::amqp_url;
+use mailroom_test_kit::smtp::SmtpServer;
+use mailroom_test_kit::waits::{PATIENCE, eventually};
 use serde_json::{Value, json};
 use sqlx::Executor as _;
 
-use super::broker::{DeadLetter, amqp_url};
+use super::broker::DeadLetter;
 use super::database::{TestTx, create_database, drop_database};
-use super::smtp::SmtpServer;
-use super::waits::{PATIENCE, eventually};
 
 /// Retry tiers short enough for tests.
 pub const TEST_RETRY_DELAYS: &str = "200ms,500ms,1s";

@@ -4,17 +4,9 @@
 use mailroom::db::Engine;
 use mailroom::db::outbox::{self, EnqueueError, Enqueued};
 use mailroom::job::EmailJob;
-use sqlx::{Connection as _, Executor as _, MySql, MySqlConnection, PgConnection, Postgres};
-
-pub fn database_url() -> String {
-    std::env::var("MAILROOM_TEST_DATABASE_URL")
-        .unwrap_or_else(|_| "postgres://mailroom:mailroom@127.0.0.1:5432/mailroom".into())
-}
-
-pub fn mysql_url() -> String {
-    std::env::var("MAILROOM_TEST_MYSQL_URL")
-        .unwrap_or_else(|_| "mysql://mailroom:mailroom@127.0.0.1:3306/mailroom".into())
-}
+use mailroom_test_kit::database;
+use mailroom_test_kit::services::{mysql_url, postgres_url};
+use sqlx::{Executor as _, MySql, Postgres};
 
 /// The engine the suite runs against: `MAILROOM_TEST_ENGINE=postgres` (the default) or
 /// `mysql` (MySQL 8 / MariaDB). `scripts/test` runs the integration suite once per engine.
@@ -51,47 +43,21 @@ pub fn runs_on(wanted: Engine, why: &str) -> bool {
     false
 }
 
+/// The admin URL of the suite's engine, on which each test creates its own database.
+fn admin_url() -> String {
+    match engine() {
+        Engine::Postgres => postgres_url(),
+        Engine::MySql => mysql_url(),
+    }
+}
+
 /// Creates an empty database of the suite's engine; returns its URL.
 pub(super) async fn create_database(name: &str) -> String {
-    let admin = match engine() {
-        Engine::Postgres => database_url(),
-        Engine::MySql => mysql_url(),
-    };
-    match engine() {
-        Engine::Postgres => PgConnection::connect(&admin)
-            .await
-            .expect("PostgreSQL is up (scripts/services)")
-            .execute(sqlx::AssertSqlSafe(format!(r#"CREATE DATABASE "{name}""#)))
-            .await
-            .map(drop),
-        Engine::MySql => MySqlConnection::connect(&admin)
-            .await
-            .expect("MariaDB/MySQL is up (scripts/services)")
-            .execute(sqlx::AssertSqlSafe(format!("CREATE DATABASE `{name}`")))
-            .await
-            .map(drop),
-    }
-    .unwrap();
-    let mut url = url::Url::parse(&admin).unwrap();
-    url.set_path(name);
-    url.to_string()
+    database::create_database(&admin_url(), name).await.unwrap()
 }
 
 pub(super) async fn drop_database(name: &str) {
-    match engine() {
-        Engine::Postgres => {
-            if let Ok(mut admin) = PgConnection::connect(&database_url()).await {
-                let drop = format!(r#"DROP DATABASE IF EXISTS "{name}" WITH (FORCE)"#);
-                let _ = admin.execute(sqlx::AssertSqlSafe(drop)).await;
-            }
-        }
-        Engine::MySql => {
-            if let Ok(mut admin) = MySqlConnection::connect(&mysql_url()).await {
-                let drop = format!("DROP DATABASE IF EXISTS `{name}`");
-                let _ = admin.execute(sqlx::AssertSqlSafe(drop)).await;
-            }
-        }
-    }
+    database::drop_database(&admin_url(), name).await
 }
 
 /// A transaction on the test's database, of either engine, through the public enqueue API.

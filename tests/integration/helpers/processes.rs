@@ -10,11 +10,11 @@ use clap::Parser;
 use mailroom::cli::{Cli, Command};
 use mailroom::render::LiveTemplates;
 use mailroom::worker::Stats;
+use mailroom_test_kit::waits::eventually;
 use tokio::process::{Child, Command as Process};
 use tokio_util::sync::CancellationToken;
 
 use super::app::{TEST_RETRY_DELAYS, TestApp};
-use super::waits::eventually;
 
 impl TestApp {
     /// The worker's command line (after `mailroom worker`): test-sized defaults, with the flags

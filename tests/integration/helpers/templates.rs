@@ -3,7 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
-use super::smtp::Received;
+use mailroom_test_kit::smtp::Received;
 
 /// The templates the repository ships (`templates/`).
 pub fn shipped() -> PathBuf {

@@ -8,7 +8,7 @@ use std::time::Duration;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command as Process};
 
-use super::waits::{PATIENCE, eventually_within};
+use crate::waits::{PATIENCE, eventually_within};
 
 /// One accepted email, as the SMTP server recorded it.
 #[derive(Debug, Clone, serde::Deserialize)]
@@ -28,7 +28,7 @@ pub struct SmtpServer {
 
 impl SmtpServer {
     pub async fn start(dir: &Path, args: &[&str]) -> SmtpServer {
-        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/support/smtp_recorder.py");
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../support/smtp_recorder.py");
         let log = dir.join("received.jsonl");
         let mut child = Process::new("/usr/bin/python3")
             .arg(script)
