@@ -113,7 +113,7 @@ impl Drop for DatabaseGate {
 }
 
 async fn pg_admin(sql: &str) {
-    let mut admin = PgConnection::connect(&database_url()).await.unwrap();
+    let mut admin = PgConnection::connect(&postgres_url()).await.unwrap();
     admin
         .execute(sqlx::AssertSqlSafe(sql.to_string()))
         .await
@@ -121,7 +121,7 @@ async fn pg_admin(sql: &str) {
 }
 
 async fn pg_admin_count(sql: &str) -> i64 {
-    let mut admin = PgConnection::connect(&database_url()).await.unwrap();
+    let mut admin = PgConnection::connect(&postgres_url()).await.unwrap();
     sqlx::query_scalar(sqlx::AssertSqlSafe(sql.to_string()))
         .fetch_one(&mut admin)
         .await

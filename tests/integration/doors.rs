@@ -9,7 +9,6 @@ use mailroom::job::{EmailJob, MAX_JOB_BYTES};
 use serde_json::{Value, json};
 
 use crate::helpers::*;
-use crate::http::{Api, TOKEN};
 
 /// Posts `body` as it is, with an optional Idempotency-Key; returns status, content type, JSON.
 async fn post_raw(api: &Api, key: Option<&str>, body: Vec<u8>) -> (u16, String, Value) {

@@ -4,7 +4,6 @@
 use serde_json::{Value, json};
 
 use crate::helpers::*;
-use crate::http::{Api, TOKEN};
 
 async fn dlq_get(api: &Api, path: &str, token: Option<&str>) -> (u16, Value) {
     let mut req = api.client.get(format!("{}{path}", api.base));

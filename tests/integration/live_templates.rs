@@ -8,15 +8,6 @@ use std::sync::atomic::Ordering;
 use serde_json::Value;
 
 use crate::helpers::*;
-use crate::http::Api;
-use crate::templates::{copy_dir, shipped};
-
-/// A copy of the shipped templates that a test may edit under a running worker.
-pub(crate) fn editable_templates() -> tempfile::TempDir {
-    let dir = tempfile::tempdir().unwrap();
-    copy_dir(&shipped(), dir.path());
-    dir
-}
 
 fn live_worker_args(dir: &Path) -> Vec<String> {
     vec![
@@ -25,15 +16,6 @@ fn live_worker_args(dir: &Path) -> Vec<String> {
         "--template-reload-interval".into(),
         "100ms".into(),
     ]
-}
-
-pub(crate) fn subject(email: &Received) -> String {
-    email
-        .data
-        .lines()
-        .find_map(|l| l.strip_prefix("Subject: "))
-        .unwrap_or_default()
-        .to_string()
 }
 
 #[tokio::test]

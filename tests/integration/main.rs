@@ -6,7 +6,6 @@
 //! Start the services with `scripts/services` (or run everything with `scripts/test`).
 //! `TEST_LOG=1` shows the logs of the workers under test.
 
-mod fault_proxy;
 mod helpers;
 
 mod crash;

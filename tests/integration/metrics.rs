@@ -5,8 +5,6 @@
 use mailroom::http::metrics::Metrics;
 
 use crate::helpers::*;
-use crate::http::Api;
-use crate::live_templates::{editable_templates, subject};
 
 /// The value of the sample `series` (name with labels, exactly as printed) in `text`.
 fn sample(text: &str, series: &str) -> Option<f64> {
@@ -105,15 +103,6 @@ async fn metrics_count_jobs_as_they_are_sent_retried_and_dead_lettered() {
     let lag = sample(&scrape(&api).await, "mailroom_relay_lag_seconds").unwrap();
     assert!((60.0..120.0).contains(&lag), "{lag}");
     worker.stop().await;
-}
-
-/// A loopback port free right now, for a process that must be told its address.
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 #[tokio::test]

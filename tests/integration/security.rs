@@ -15,7 +15,6 @@ use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
 use crate::helpers::*;
-use crate::http::TOKEN;
 
 /// What the worker logs for each copy whose replay marker has no valid seal.
 const FORGED_WARNING: &str = "replay marker without a valid seal";

@@ -1,13 +1,9 @@
 //! `mailroom templates check | preview`, run as the built binary the way CI and template authors
 //! run it: the shipped set passes; a missing variable or a syntax error fails with file and line.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use crate::helpers::*;
-
-pub(crate) fn shipped() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("templates")
-}
 
 /// A copy of the shipped templates with `file` (relative) rewritten by `edit`.
 fn broken_copy(file: &str, edit: impl FnOnce(String) -> String) -> tempfile::TempDir {
@@ -17,19 +13,6 @@ fn broken_copy(file: &str, edit: impl FnOnce(String) -> String) -> tempfile::Tem
     let text = std::fs::read_to_string(&path).unwrap();
     std::fs::write(&path, edit(text)).unwrap();
     dir
-}
-
-pub(crate) fn copy_dir(from: &Path, to: &Path) {
-    std::fs::create_dir_all(to).unwrap();
-    for entry in std::fs::read_dir(from).unwrap() {
-        let entry = entry.unwrap();
-        let target = to.join(entry.file_name());
-        if entry.file_type().unwrap().is_dir() {
-            copy_dir(&entry.path(), &target);
-        } else {
-            std::fs::copy(entry.path(), target).unwrap();
-        }
-    }
 }
 
 /// Replaces line `n` (1-based) of `text`.

@@ -99,9 +99,9 @@ impl Fleet {
         logs: &Path,
     ) -> anyhow::Result<()> {
         std::fs::create_dir_all(logs)?;
-        let templates = Path::new(env!("CARGO_MANIFEST_DIR")).join("templates");
+        let templates = &crate::mailroom().templates;
         let log = std::fs::File::create(logs.join(format!("{}-{command}{i}.log", world.label)))?;
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_mailroom"));
+        let mut cmd = Command::new(&crate::mailroom().bin);
         cmd.arg(command)
             .args(["--database-url", &world.process_db_url])
             .args(["--amqp-url", &world.services.amqp_url])
@@ -110,7 +110,7 @@ impl Fleet {
             cmd.args(["--smtp-url", &sink.url()])
                 .args(["--from", FROM])
                 .arg("--templates")
-                .arg(&templates);
+                .arg(templates);
         }
         let child = cmd
             .env_remove("DATABASE_URL")

@@ -13,7 +13,6 @@
 //! Each also measures its unloaded latency: one operation at a time, which is the floor a single
 //! job's latency can reach through that part.
 
-use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
@@ -375,8 +374,7 @@ async fn pairs(
 
 /// The email the worker sends for a bench job, built by mailroom's own templates and `Mailer`.
 pub fn bench_mailer(sink: &SmtpSink) -> anyhow::Result<(Mailer, mailroom::smtp::Outgoing, usize)> {
-    let templates = Path::new(env!("CARGO_MANIFEST_DIR")).join("templates");
-    let templates = Templates::load(&templates).context("loading templates/")?;
+    let templates = Templates::load(&crate::mailroom().templates).context("loading templates/")?;
     let (_, body) = workload::job("rawsmtp", 0, chrono::Utc::now());
     let job = EmailJob::decode(&body)?;
     let rendered = templates.render(KIND, None, &job.job.data)?;

@@ -21,8 +21,9 @@
 //! 5. end to end ([`relay::end_to_end`]): outbox commit → SMTP accepted through a relay and a
 //!    worker process, at full speed and at 25/50/90 % of that maximum and at 500/s.
 //!
-//! Under `cargo test --all-targets` (no `--bench` argument) it does nothing, so the test suite
-//! never runs a benchmark.
+//! The `bench` target of the mailroom package (benches/bench.rs) calls [`main`] with the
+//! `mailroom` binary Cargo built for it. Under `cargo test --all-targets` (no `--bench`
+//! argument) it does nothing, so the test suite never runs a benchmark.
 
 mod chart;
 mod latency;
@@ -37,6 +38,7 @@ mod workload;
 mod world;
 
 use std::path::PathBuf;
+use std::sync::OnceLock;
 use std::time::Instant;
 
 use anyhow::Context;
@@ -137,7 +139,24 @@ pub struct Results {
     pub relay: relay::RelayFigures,
 }
 
-fn main() -> anyhow::Result<()> {
+/// The `mailroom` under test: its binary (Cargo builds it for the `bench` target of the
+/// mailroom package, benches/bench.rs, which calls [`main`]) and the shipped templates.
+#[derive(Clone, Debug)]
+pub struct Mailroom {
+    pub bin: PathBuf,
+    pub templates: PathBuf,
+}
+
+static MAILROOM: OnceLock<Mailroom> = OnceLock::new();
+
+/// The `mailroom` that [`main`] was given.
+fn mailroom() -> &'static Mailroom {
+    MAILROOM.get().expect("mailroom_bench::main sets it first")
+}
+
+/// Runs the benchmark with the command line's arguments against `mailroom`.
+pub fn main(mailroom: Mailroom) -> anyhow::Result<()> {
+    MAILROOM.get_or_init(|| mailroom);
     let args: Vec<String> = std::env::args().skip(1).collect();
     if !args.iter().any(|a| a == "--bench") {
         println!(

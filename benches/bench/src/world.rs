@@ -14,7 +14,8 @@ use lapin::{Channel, Connection, options::*};
 use mailroom::broker::{self, Topology};
 use mailroom::config::SecretUrl;
 use mailroom::db::{Database, Engine};
-use sqlx::{Connection as _, Executor as _, PgConnection};
+use mailroom_test_kit::{database, services};
+use sqlx::{Connection as _, PgConnection};
 use tokio::io::AsyncReadExt;
 use tokio::process::{Child, Command};
 
@@ -34,26 +35,21 @@ pub struct Services {
 }
 
 impl Services {
+    /// `MAILROOM_BENCH_*`, else the services the tests use (`MAILROOM_TEST_*` or loopback).
     pub fn from_env() -> Services {
-        let var = |names: &[&str], default: &str| {
-            names
-                .iter()
-                .find_map(|n| std::env::var(n).ok())
-                .unwrap_or_else(|| default.to_string())
-        };
+        let var = |name: &str, or: fn() -> String| std::env::var(name).unwrap_or_else(|_| or());
         Services {
-            admin_db_url: var(
-                &["MAILROOM_BENCH_DATABASE_URL", "MAILROOM_TEST_DATABASE_URL"],
-                "postgres://mailroom:mailroom@127.0.0.1:5432/mailroom",
-            ),
-            mysql_admin_url: var(
-                &["MAILROOM_BENCH_MYSQL_URL", "MAILROOM_TEST_MYSQL_URL"],
-                "mysql://mailroom:mailroom@127.0.0.1:3306/mailroom",
-            ),
-            amqp_url: var(
-                &["MAILROOM_BENCH_AMQP_URL", "MAILROOM_TEST_AMQP_URL"],
-                "amqp://guest:guest@127.0.0.1:5672/%2f",
-            ),
+            admin_db_url: var("MAILROOM_BENCH_DATABASE_URL", services::postgres_url),
+            mysql_admin_url: var("MAILROOM_BENCH_MYSQL_URL", services::mysql_url),
+            amqp_url: var("MAILROOM_BENCH_AMQP_URL", services::amqp_url),
+        }
+    }
+
+    /// The admin URL of `engine`'s server.
+    fn admin_url(&self, engine: Engine) -> &str {
+        match engine {
+            Engine::Postgres => &self.admin_db_url,
+            Engine::MySql => &self.mysql_admin_url,
         }
     }
 }
@@ -90,12 +86,7 @@ impl World {
     ) -> anyhow::Result<World> {
         let id = uuid::Uuid::new_v4().simple().to_string();
         let db_name = format!("mailroom_bench_{}", &id[..12]);
-        let db_url = match engine {
-            Engine::Postgres => create_pg_database(&services.admin_db_url, &db_name).await?,
-            Engine::MySql => {
-                crate::mysql::create_database(&services.mysql_admin_url, &db_name).await?
-            }
-        };
+        let db_url = database::create_database(services.admin_url(engine), &db_name).await?;
         let db = Database::connect_lazy(
             &db_url.parse::<SecretUrl>().map_err(anyhow::Error::msg)?,
             pool_size,
@@ -174,36 +165,8 @@ impl World {
             }
         }
         let _ = self.conn.close(200, "bench done".into()).await;
-        match self.engine {
-            Engine::Postgres => {
-                if let Ok(mut admin) = PgConnection::connect(&self.services.admin_db_url).await {
-                    let drop =
-                        format!(r#"DROP DATABASE IF EXISTS "{}" WITH (FORCE)"#, self.db_name);
-                    let _ = admin.execute(sqlx::query(sqlx::AssertSqlSafe(drop))).await;
-                }
-            }
-            Engine::MySql => {
-                crate::mysql::drop_database(&self.services.mysql_admin_url, &self.db_name).await
-            }
-        }
+        database::drop_database(self.services.admin_url(self.engine), &self.db_name).await;
     }
-}
-
-/// Creates PostgreSQL database `name`; returns its URL.
-async fn create_pg_database(admin_url: &str, name: &str) -> anyhow::Result<String> {
-    let mut admin = PgConnection::connect(admin_url)
-        .await
-        .context("connecting to PostgreSQL (is it running? scripts/services)")?;
-    admin
-        .execute(sqlx::query(sqlx::AssertSqlSafe(format!(
-            r#"CREATE DATABASE "{name}""#
-        ))))
-        .await
-        .with_context(|| format!("creating database {name}"))?;
-    let _ = admin.close().await;
-    let mut url = url::Url::parse(admin_url)?;
-    url.set_path(name);
-    Ok(url.to_string())
 }
 
 /// Offset of PostgreSQL's clock from this process's clock (`pg - local`), measured as the
@@ -240,7 +203,7 @@ impl SmtpSink {
             Path::new(SMTP_SINK).exists(),
             "{SMTP_SINK} is missing: install Debian's postfix package (scripts/services does)"
         );
-        let port = free_port()?;
+        let port = mailroom_test_kit::free_port();
         let mut child = Command::new(SMTP_SINK)
             .args(["-u", "nobody", "-c", "-h", "sink.localdomain", "-m", "1024"])
             .arg(format!("127.0.0.1:{port}"))
@@ -309,9 +272,4 @@ impl SmtpSink {
     pub async fn stop(mut self) {
         let _ = self.child.kill().await;
     }
-}
-
-fn free_port() -> anyhow::Result<u16> {
-    let l = std::net::TcpListener::bind("127.0.0.1:0")?;
-    Ok(l.local_addr()?.port())
 }

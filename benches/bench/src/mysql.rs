@@ -1,5 +1,5 @@
-//! MySQL/MariaDB for the relay rows: creating and dropping a world's database, and a counting
-//! proxy that tells how many commands one relay process sends.
+//! MySQL/MariaDB for the relay rows: the server's version and a counting proxy that tells how
+//! many commands one relay process sends.
 //!
 //! Why a proxy: MariaDB counts `Questions` per server (`SHOW GLOBAL STATUS`) or per session
 //! only for the session itself, and its per-connection counters need `performance_schema`
@@ -12,32 +12,10 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
 use anyhow::Context;
-use sqlx::{Connection as _, Executor as _, MySqlConnection};
+use sqlx::{Connection as _, MySqlConnection};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinHandle;
-
-/// Creates database `name` on the server of `admin_url`; returns the database's URL.
-pub async fn create_database(admin_url: &str, name: &str) -> anyhow::Result<String> {
-    let mut admin = MySqlConnection::connect(admin_url)
-        .await
-        .context("connecting to MariaDB/MySQL (is it running? scripts/services)")?;
-    admin
-        .execute(sqlx::AssertSqlSafe(format!("CREATE DATABASE `{name}`")))
-        .await
-        .with_context(|| format!("creating MySQL database {name}"))?;
-    let _ = admin.close().await;
-    let mut url = url::Url::parse(admin_url)?;
-    url.set_path(name);
-    Ok(url.to_string())
-}
-
-pub async fn drop_database(admin_url: &str, name: &str) {
-    if let Ok(mut admin) = MySqlConnection::connect(admin_url).await {
-        let drop = format!("DROP DATABASE IF EXISTS `{name}`");
-        let _ = admin.execute(sqlx::AssertSqlSafe(drop)).await;
-    }
-}
 
 /// The server's version string, e.g. `10.11.19-MariaDB-0+deb12u1`.
 pub async fn version(admin_url: &str) -> anyhow::Result<String> {

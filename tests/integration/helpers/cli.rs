@@ -1,0 +1,69 @@
+//! The built `mailroom` binary run as an operator runs it, against a test's world or none.
+
+use std::path::Path;
+use std::process::Stdio;
+
+use tokio::process::Command as Process;
+
+use super::app::{TEST_RETRY_DELAYS, TestApp};
+
+impl TestApp {
+    /// Runs `mailroom <args>` against this test's world, returning stdout; fails on exit ≠ 0.
+    pub async fn cli(&self, args: &[&str]) -> String {
+        let out = self.cli_output(args).await;
+        assert!(out.status.success(), "mailroom {args:?}: {}", out.stderr);
+        out.stdout
+    }
+
+    /// Runs `mailroom <args>` against this app's broker namespace and database, with the
+    /// shipped templates, through the environment (so any subcommand takes them); unlike
+    /// [`TestApp::cli`], returns the exit status and stderr too, for commands expected to fail.
+    pub async fn cli_output(&self, args: &[&str]) -> CliOutput {
+        let templates = Path::new(env!("CARGO_MANIFEST_DIR")).join("templates");
+        let env = [
+            ("AMQP_URL", self.amqp_url.as_str()),
+            ("MAILROOM_NAMESPACE", self.namespace.as_str()),
+            ("MAILROOM_RETRY_DELAYS", TEST_RETRY_DELAYS),
+            ("DATABASE_URL", self.db_url.as_str()),
+            ("MAILROOM_TEMPLATES", templates.to_str().unwrap()),
+        ];
+        run_cli(args, &env).await
+    }
+}
+
+/// What a run of the `mailroom` binary printed, and how it ended.
+#[derive(Debug)]
+pub struct CliOutput {
+    pub status: std::process::ExitStatus,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+/// Runs the built `mailroom` binary with `args` and `env` (and nothing from the caller's
+/// environment that mailroom reads).
+pub async fn run_cli(args: &[&str], env: &[(&str, &str)]) -> CliOutput {
+    let mut cmd = Process::new(env!("CARGO_BIN_EXE_mailroom"));
+    for var in [
+        "DATABASE_URL",
+        "AMQP_URL",
+        "MAILROOM_NAMESPACE",
+        "MAILROOM_TEMPLATES",
+        "MAILROOM_FROM",
+        "MAILROOM_MESSAGE_ID_DOMAIN",
+        "MAILROOM_REPLAY_KEY",
+    ] {
+        cmd.env_remove(var);
+    }
+    let out = cmd
+        .args(args)
+        .envs(env.iter().copied())
+        .stdin(Stdio::null())
+        .output()
+        .await
+        .expect("run the mailroom binary");
+    CliOutput {
+        status: out.status,
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}

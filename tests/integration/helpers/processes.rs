@@ -1,0 +1,271 @@
+//! Workers and relays of a test: in this process (stopped by a token, with their counters at
+//! hand) or as real `mailroom` processes that a test can signal or kill.
+
+use std::path::Path;
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::Parser;
+use mailroom::cli::{Cli, Command};
+use mailroom::render::LiveTemplates;
+use mailroom::worker::Stats;
+use mailroom_test_kit::waits::eventually;
+use tokio::process::{Child, Command as Process};
+use tokio_util::sync::CancellationToken;
+
+use super::app::{TEST_RETRY_DELAYS, TestApp};
+
+impl TestApp {
+    /// The worker's command line (after `mailroom worker`): test-sized defaults, with the flags
+    /// named in `extra` replacing the defaults of the same name.
+    pub fn worker_args(&self, extra: &[&str]) -> Vec<String> {
+        with_overrides(self.default_worker_args(), extra)
+    }
+
+    fn default_worker_args(&self) -> Vec<String> {
+        let templates = Path::new(env!("CARGO_MANIFEST_DIR")).join("templates");
+        [
+            "--database-url",
+            &self.db_url,
+            "--amqp-url",
+            &self.amqp_url,
+            "--namespace",
+            &self.namespace,
+            "--retry-delays",
+            TEST_RETRY_DELAYS,
+            "--smtp-url",
+            &self.smtp.url(),
+            "--from",
+            "Mailroom Tests <noreply@mailroom.test>",
+            "--templates",
+            templates.to_str().unwrap(),
+            // The shortest lease that covers a 2 s send (worker::lease::minimum_lease) plus 1 s
+            // for claims slowed by a loaded machine.
+            "--lease",
+            "5s",
+            "--smtp-timeout",
+            "2s",
+            "--concurrency",
+            "8",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect()
+    }
+
+    /// Starts a worker in this process; `extra` args override the defaults.
+    pub fn start_worker(&self, extra: &[&str]) -> RunningWorker {
+        let mut argv = vec!["mailroom".to_string(), "worker".to_string()];
+        argv.extend(self.worker_args(extra));
+        let Command::Worker(args) = Cli::try_parse_from(argv).unwrap().command else {
+            unreachable!()
+        };
+        let worker = args.build().unwrap();
+        Running::spawn(worker.stats(), |stop| tokio::spawn(worker.run(stop)))
+    }
+
+    /// Starts a worker in this process that follows its template directory like `mailroom
+    /// worker` (polling every `--template-reload-interval`); returns its live template set too.
+    pub fn start_live_worker(&self, extra: &[&str]) -> (RunningWorker, Arc<LiveTemplates>) {
+        let mut argv = vec!["mailroom".to_string(), "worker".to_string()];
+        argv.extend(self.worker_args(extra));
+        let Command::Worker(args) = Cli::try_parse_from(argv).unwrap().command else {
+            unreachable!()
+        };
+        let worker = args.build().unwrap();
+        let live = worker.templates();
+        let (watched, every) = (live.clone(), args.template_reload_interval);
+        let running = Running::spawn(worker.stats(), |stop| {
+            tokio::spawn(watched.watch(every, stop.clone()));
+            tokio::spawn(worker.run(stop))
+        });
+        (running, live)
+    }
+
+    /// Starts `mailroom worker` as a real process, with `env` added (e.g. failpoints).
+    pub fn spawn_worker_process(&self, extra: &[&str], env: &[(&str, &str)]) -> Child {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.path().join("worker.log"))
+            .unwrap();
+        let stderr = if std::env::var_os("TEST_LOG").is_some() {
+            Stdio::inherit()
+        } else {
+            Stdio::from(log)
+        };
+        Process::new(env!("CARGO_BIN_EXE_mailroom"))
+            .arg("worker")
+            .args(self.worker_args(extra))
+            .envs(env.iter().copied())
+            .env_remove("DATABASE_URL")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(stderr)
+            .kill_on_drop(true)
+            .spawn()
+            .expect("start mailroom worker")
+    }
+
+    /// The relay's command line (after `mailroom relay`).
+    pub fn relay_args(&self, extra: &[&str]) -> Vec<String> {
+        let args: Vec<String> = [
+            "--database-url",
+            &self.db_url,
+            "--amqp-url",
+            &self.amqp_url,
+            "--namespace",
+            &self.namespace,
+            "--retry-delays",
+            TEST_RETRY_DELAYS,
+            "--relay-poll",
+            "1s",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        with_overrides(args, extra)
+    }
+
+    /// Starts a relay in this process.
+    pub fn start_relay(&self, extra: &[&str]) -> RunningRelay {
+        let mut argv = vec!["mailroom".to_string(), "relay".to_string()];
+        argv.extend(self.relay_args(extra));
+        let Command::Relay(args) = Cli::try_parse_from(argv).unwrap().command else {
+            unreachable!()
+        };
+        let relay = args.build().unwrap();
+        Running::spawn(relay.stats(), |stop| tokio::spawn(relay.run(stop)))
+    }
+
+    /// Starts `mailroom relay` as a real process.
+    pub fn spawn_relay_process(&self, extra: &[&str], env: &[(&str, &str)]) -> Child {
+        Process::new(env!("CARGO_BIN_EXE_mailroom"))
+            .arg("relay")
+            .args(self.relay_args(extra))
+            .envs(env.iter().copied())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(if std::env::var_os("TEST_LOG").is_some() {
+                Stdio::inherit()
+            } else {
+                Stdio::null()
+            })
+            .kill_on_drop(true)
+            .spawn()
+            .expect("start mailroom relay")
+    }
+
+    /// Runs a worker and a relay until `(job_id, kind)` is recorded `sent`, then stops both:
+    /// the outbox path end to end, for tests that check what the SMTP server got afterwards.
+    pub async fn deliver_through_outbox(&self, job_id: &str, kind: &str) {
+        let worker = self.start_worker(&[]);
+        let relay = self.start_relay(&[]);
+        self.wait_for_row(job_id, kind, "row sent", |n| n.status.as_str() == "sent")
+            .await;
+        relay.stop().await;
+        worker.stop().await;
+    }
+
+    /// After the workers of a test stopped: whatever is still ready in the work queue must be a
+    /// copy of a job already settled (a redelivery after a crash, or a retry copy still on its
+    /// way back from a tier). A fresh worker drains the queue until it is empty, and may not
+    /// send anything new.
+    pub async fn drain_duplicates(&self) {
+        if self.ready_messages().await == 0 {
+            return;
+        }
+        let before = self.smtp.received().len();
+        let worker = self.start_worker(&[]);
+        eventually("leftover copies drained", || async {
+            // Empty twice in a row, a tier's delay apart: nothing is still coming back.
+            if self.ready_messages().await > 0 {
+                return None;
+            }
+            tokio::time::sleep(Duration::from_millis(1500)).await;
+            (self.ready_messages().await == 0).then_some(())
+        })
+        .await;
+        let snap = worker.stats.snapshot();
+        worker.stop().await;
+        eprintln!(
+            "drained {} leftover copies ({} duplicates)",
+            snap.received, snap.duplicates
+        );
+        assert_eq!(
+            self.smtp.received().len(),
+            before,
+            "a leftover copy was sent again"
+        );
+    }
+}
+
+/// A worker or relay running inside the test process, stopped when dropped.
+pub struct Running<S> {
+    pub stats: Arc<S>,
+    pub shutdown: CancellationToken,
+    task: Option<tokio::task::JoinHandle<anyhow::Result<()>>>,
+}
+
+pub type RunningWorker = Running<Stats>;
+pub type RunningRelay = Running<mailroom::relay::RelayStats>;
+
+impl<S> Running<S> {
+    fn spawn(
+        stats: Arc<S>,
+        run: impl FnOnce(CancellationToken) -> tokio::task::JoinHandle<anyhow::Result<()>>,
+    ) -> Running<S> {
+        let shutdown = CancellationToken::new();
+        let task = Some(run(shutdown.clone()));
+        Running {
+            stats,
+            shutdown,
+            task,
+        }
+    }
+
+    /// Stops it gracefully and waits.
+    pub async fn stop(mut self) {
+        self.shutdown.cancel();
+        if let Some(task) = self.task.take() {
+            task.await.unwrap().unwrap();
+        }
+    }
+}
+
+impl<S> Drop for Running<S> {
+    fn drop(&mut self) {
+        self.shutdown.cancel();
+    }
+}
+
+/// `defaults` with each `--flag value` pair of `extra` replacing the pair of the same flag.
+fn with_overrides(mut args: Vec<String>, extra: &[&str]) -> Vec<String> {
+    for pair in extra.chunks(2) {
+        if let Some(at) = args.iter().position(|a| a == pair[0]) {
+            args.drain(at..at + 2);
+        }
+        args.extend(pair.iter().map(|s| s.to_string()));
+    }
+    args
+}
+
+/// Sends SIGTERM to a child process.
+pub async fn terminate(child: &Child) {
+    let pid = child.id().expect("process still running").to_string();
+    let status = tokio::process::Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .await
+        .unwrap();
+    assert!(status.success());
+}
+
+impl RunningRelay {
+    pub fn published(&self) -> u64 {
+        self.stats
+            .published
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+}

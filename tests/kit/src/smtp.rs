@@ -1,0 +1,102 @@
+//! The SMTP server of a test: tests/support/smtp_recorder.py (aiosmtpd), which accepts, fails
+//! on command, and logs every accepted message for the test to count.
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command as Process};
+
+use crate::waits::{PATIENCE, eventually_within};
+
+/// One accepted email, as the SMTP server recorded it.
+#[derive(Debug, Clone, serde::Deserialize)]
+pub struct Received {
+    pub mail_from: String,
+    pub rcpt_tos: Vec<String>,
+    pub message_id: Option<String>,
+    pub data: String,
+}
+
+/// A real SMTP server (tests/support/smtp_recorder.py) that logs every accepted message.
+pub struct SmtpServer {
+    pub port: u16,
+    log: PathBuf,
+    _child: Child,
+}
+
+impl SmtpServer {
+    pub async fn start(dir: &Path, args: &[&str]) -> SmtpServer {
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../support/smtp_recorder.py");
+        let log = dir.join("received.jsonl");
+        let mut child = Process::new("/usr/bin/python3")
+            .arg(script)
+            .args(["--port", "0", "--log"])
+            .arg(&log)
+            .args(args)
+            .stdout(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("start the SMTP recorder (apt-get install python3-aiosmtpd)");
+        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        let first = tokio::time::timeout(PATIENCE, lines.next_line())
+            .await
+            .expect("SMTP recorder did not start")
+            .unwrap()
+            .expect("SMTP recorder exited");
+        let port = first
+            .strip_prefix("LISTENING ")
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        SmtpServer {
+            port,
+            log,
+            _child: child,
+        }
+    }
+
+    pub fn url(&self) -> String {
+        format!("smtp://127.0.0.1:{}", self.port)
+    }
+
+    /// Everything accepted so far.
+    pub fn received(&self) -> Vec<Received> {
+        match std::fs::read_to_string(&self.log) {
+            // The last line may still be being written: take complete lines only.
+            Ok(text) => text
+                .split_inclusive('\n')
+                .filter(|l| l.ends_with('\n'))
+                .map(|l| serde_json::from_str(l).unwrap())
+                .collect(),
+            Err(_) => vec![],
+        }
+    }
+
+    /// Waits until at least `n` emails were accepted, and returns them all.
+    pub async fn wait_for(&self, n: usize) -> Vec<Received> {
+        self.wait_for_within(n, PATIENCE).await
+    }
+
+    pub async fn wait_for_within(&self, n: usize, patience: Duration) -> Vec<Received> {
+        eventually_within(
+            patience,
+            &format!("{n} emails at the SMTP server"),
+            || async {
+                let got = self.received();
+                (got.len() >= n).then_some(got)
+            },
+        )
+        .await
+    }
+
+    /// How many accepted emails carry `message_id`.
+    pub fn count(&self, message_id: &str) -> usize {
+        self.received()
+            .iter()
+            .filter(|r| r.message_id.as_deref() == Some(message_id))
+            .count()
+    }
+}
