@@ -151,7 +151,11 @@ async fn while_the_database_refuses_connections_jobs_are_retried_then_each_sent_
     let worker = app.start_worker(&["--database-url", &gate.url, "--concurrency", "4"]);
     // The worker's pool holds an open connection when the database turns it away.
     app.publish(&app.job("before")).await;
-    app.smtp.wait_for(1).await;
+    // Recorded, not only received: the record follows the SMTP reply, and refusing in between
+    // would leave "before" waiting for the database too.
+    tokio::time::timeout(PATIENCE, worker.stats.wait_until(|s| s.sent >= 1))
+        .await
+        .expect("the first job recorded sent");
 
     gate.refuse().await;
     let ids: Vec<String> = (0..5).map(|i| format!("refused-{i}")).collect();
