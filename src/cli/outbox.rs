@@ -47,6 +47,7 @@ pub struct RelayOptions {
 impl RelayOptions {
     fn build(&self, db: &DatabaseArgs, broker: &BrokerArgs) -> anyhow::Result<Relay> {
         // The relay retries a failed batch or probe on its next turn: no ping before each use.
+        let database_url = Some(db.database_url.clone());
         let db = Database::connect_lazy_with(&db.database_url, 4, false)?;
         let settings = RelaySettings {
             amqp: broker.amqp_url.clone(),
@@ -58,6 +59,7 @@ impl RelayOptions {
             poll_max: self.relay_poll_max,
             retention: self.outbox_retention,
             name: format!("mailroom relay (pid {})", std::process::id()),
+            database_url,
         };
         Ok(Relay::new(settings, db))
     }

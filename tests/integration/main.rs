@@ -9,6 +9,7 @@
 mod fault_proxy;
 mod helpers;
 
+mod binlog;
 mod crash;
 mod database_refused;
 mod delivery;
