@@ -33,22 +33,26 @@
 //! duplicates of the rows' next publish, which the worker's claim makes harmless.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 use std::time::Duration;
 
 use futures_util::future::join_all;
 use lapin::{Channel, Confirmation, options::BasicPublishOptions};
-use sqlx::postgres::PgListener;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use crate::broker::{self, Topology};
-use crate::config::UrlList;
+use crate::config::{SecretUrl, UrlList};
 use crate::db::Database;
-use crate::db::outbox::{self, OutboxBatch, PendingRow};
+use crate::db::outbox::{OutboxBatch, PendingRow};
 use crate::failpoint;
 
 mod batch;
+mod binlog;
+mod wakeup;
+
+use wakeup::Wakeup;
+pub use wakeup::{WakeupMode, Woken};
 
 /// Default bound on the bytes of one batch: 64 jobs at the 64 KiB job limit, all written and
 /// confirmed within the confirm timeout even on a slow link.
@@ -82,6 +86,8 @@ pub struct RelaySettings {
     /// Published rows older than this are deleted.
     pub retention: Duration,
     pub name: String,
+    /// MySQL/MariaDB: the URL the binary log follower connects with (`None`: poll).
+    pub database_url: Option<SecretUrl>,
 }
 
 /// What the relay did, for tests, the benchmark and metrics.
@@ -102,6 +108,19 @@ pub struct RelayStats {
     pub invalid: AtomicU64,
     /// Batches cut short by the byte bound.
     pub cut: AtomicU64,
+    /// Wake-ups by the database itself: a notification or a binary log event.
+    pub woken: AtomicU64,
+    /// Rescans after the wake-up source reconnected.
+    pub resumed: AtomicU64,
+    /// The [`WakeupMode`] of the current session.
+    pub wakeup_mode: AtomicU8,
+}
+
+impl RelayStats {
+    /// Which source wakes the relay in its current session.
+    pub fn wakeup_mode(&self) -> WakeupMode {
+        WakeupMode::from_u8(self.wakeup_mode.load(Ordering::Relaxed))
+    }
 }
 
 /// The wait between probes of the outbox: `min` after a busy scan, doubling while idle, up to
@@ -129,23 +148,18 @@ impl AdaptivePoll {
         self.next = self.min;
     }
 
+    /// A new ceiling (the wake-up source connected or lost).
+    pub fn set_max(&mut self, max: Duration) {
+        self.max = max.max(self.min);
+        self.next = self.next.min(self.max);
+    }
+
     /// The wait before the next poll, backing off for the one after.
     pub fn idle(&mut self) -> Duration {
         let wait = self.next;
         self.next = (self.next * 2).min(self.max);
         wait
     }
-}
-
-/// The next notification (all buffered ones drained), or never without a listener. `None`:
-/// the listener reconnected and notifications may have been lost.
-async fn notified(listener: &mut Option<PgListener>) -> Result<Option<()>, sqlx::Error> {
-    let Some(listener) = listener else {
-        return std::future::pending().await;
-    };
-    let note = listener.try_recv().await?;
-    while listener.next_buffered().is_some() {}
-    Ok(note.map(drop))
 }
 
 /// The relay process.
@@ -196,6 +210,8 @@ impl Relay {
         Ok(())
     }
 
+    /// One session: a broker connection, a wake-up source, then batches until the outbox is
+    /// drained and waits for work, until `shutdown`.
     async fn session(
         &self,
         shutdown: &CancellationToken,
@@ -205,81 +221,108 @@ impl Relay {
         let conn = broker::connect(&s.amqp, &s.name).await?;
         broker::declare_topology(&conn.create_channel().await?, &s.topology).await?;
         let channel = broker::confirm_channel(&conn).await?;
-        // PostgreSQL: notifications wake an idle relay at once. Both engines: after activity,
-        // lock-free probes every `poll_min`, doubling up to the engine's ceiling.
-        let (mut listener, mut poll) = match &self.db {
-            Database::Postgres(pool) => {
-                let mut listener = PgListener::connect_with(pool).await?;
-                listener.listen(outbox::NOTIFY_CHANNEL).await?;
-                (
-                    Some(listener),
-                    AdaptivePoll::new(s.poll_min, s.poll_interval),
-                )
-            }
-            Database::MySql(_) => (None, AdaptivePoll::new(s.poll_min, s.poll_max)),
-        };
+        // Opened before the first scan, so nothing committed in between is missed.
+        let mut wakeup = Wakeup::open(&self.db, s).await?;
+        self.stats
+            .wakeup_mode
+            .store(wakeup.mode() as u8, Ordering::Relaxed);
+        let mut poll = AdaptivePoll::new(s.poll_min, wakeup.ceiling(s));
         *backoff = broker::reconnect_backoff();
-        tracing::info!(exchange = %s.topology.exchange, "relaying");
+        tracing::info!(exchange = %s.topology.exchange, wakeup = wakeup.mode().as_str(), "relaying");
         let (every_min, every_max) = RETENTION_EVERY;
         let mut retention = tokio::time::interval((s.retention / 2).clamp(every_min, every_max));
-        'relay: loop {
-            let mut claimed = 0;
-            loop {
-                let (n, cut) = match self.relay_batch(&channel).await {
-                    Ok(done) => done,
-                    Err(e) if conn.status().blocked() => {
-                        self.stats.blocked.fetch_add(1, Ordering::Relaxed);
-                        tracing::warn!(
-                            error = format!("{e:#}"),
-                            "batch rolled back: RabbitMQ blocks publishing (resource alarm)"
-                        );
-                        tokio::select! {
-                            _ = broker::wait_while_blocked(conn.status()) => continue,
-                            _ = shutdown.cancelled() => break 'relay,
-                        }
-                    }
-                    Err(e) => return Err(e),
-                };
-                claimed += n;
-                if (n < s.batch_size as usize && !cut) || shutdown.is_cancelled() {
-                    break;
-                }
-            }
+        loop {
+            let Some(claimed) = self.drain(&conn, &channel, shutdown).await? else {
+                break;
+            };
             if claimed > 0 {
                 poll.busy();
             }
-            // Wait for a notification, an in-process wake or a probe that finds work.
-            loop {
-                tokio::select! {
-                    biased;
-                    _ = shutdown.cancelled() => break 'relay,
-                    note = notified(&mut listener) => {
-                        if note?.is_none() {
-                            tracing::warn!("notification listener reconnected; rescanning the outbox");
-                        }
-                        poll.busy();
-                        break;
-                    }
-                    _ = self.wake.notified() => {
-                        poll.busy();
-                        break;
-                    }
-                    _ = tokio::time::sleep(poll.idle()) => {}
-                    _ = retention.tick() => {
-                        self.apply_retention().await;
-                        continue;
-                    }
-                }
-                self.stats.probes.fetch_add(1, Ordering::Relaxed);
-                if self.db.outbox_has_work().await? {
-                    poll.busy();
-                    break;
-                }
+            let waited = self.wait_for_work(&mut wakeup, &mut poll, &mut retention, shutdown);
+            if !waited.await? {
+                break;
             }
         }
+        wakeup.close().await;
         let _ = channel.close(200, "relay shutting down".into()).await;
         let _ = conn.close(200, "relay shutting down".into()).await;
         Ok(())
+    }
+
+    /// Relays batches until a scan comes back short (the outbox is drained); returns the rows
+    /// claimed, or `None` on shutdown. A batch the broker blocked is rolled back and retried
+    /// once it unblocks.
+    async fn drain(
+        &self,
+        conn: &lapin::Connection,
+        channel: &Channel,
+        shutdown: &CancellationToken,
+    ) -> anyhow::Result<Option<usize>> {
+        let mut claimed = 0;
+        loop {
+            let (n, cut) = match self.relay_batch(channel).await {
+                Ok(done) => done,
+                Err(e) if conn.status().blocked() => {
+                    self.stats.blocked.fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!(
+                        error = format!("{e:#}"),
+                        "batch rolled back: RabbitMQ blocks publishing (resource alarm)"
+                    );
+                    tokio::select! {
+                        _ = broker::wait_while_blocked(conn.status()) => continue,
+                        _ = shutdown.cancelled() => return Ok(None),
+                    }
+                }
+                Err(e) => return Err(e),
+            };
+            claimed += n;
+            if (n < self.settings.batch_size as usize && !cut) || shutdown.is_cancelled() {
+                return Ok(Some(claimed));
+            }
+        }
+    }
+
+    /// Waits for a wake-up, an in-process wake or a probe that finds work (true), or for
+    /// `shutdown` (false); applies retention when it is due.
+    async fn wait_for_work(
+        &self,
+        wakeup: &mut Wakeup,
+        poll: &mut AdaptivePoll,
+        retention: &mut tokio::time::Interval,
+        shutdown: &CancellationToken,
+    ) -> anyhow::Result<bool> {
+        loop {
+            poll.set_max(wakeup.ceiling(&self.settings));
+            tokio::select! {
+                biased;
+                _ = shutdown.cancelled() => return Ok(false),
+                woken = wakeup.next() => {
+                    match woken? {
+                        Woken::Event => self.stats.woken.fetch_add(1, Ordering::Relaxed),
+                        Woken::Resumed => {
+                            tracing::warn!("wake-up source reconnected; rescanning the outbox");
+                            self.stats.resumed.fetch_add(1, Ordering::Relaxed)
+                        }
+                    };
+                    poll.busy();
+                    return Ok(true);
+                }
+                _ = self.wake.notified() => {
+                    poll.busy();
+                    return Ok(true);
+                }
+                _ = tokio::time::sleep(poll.idle()) => {}
+                _ = retention.tick() => {
+                    self.apply_retention().await;
+                    continue;
+                }
+            }
+            self.stats.probes.fetch_add(1, Ordering::Relaxed);
+            if self.db.outbox_has_work().await? {
+                poll.busy();
+                return Ok(true);
+            }
+        }
     }
 
     /// Claims, publishes and marks one batch; returns how many rows it claimed and whether the

@@ -24,6 +24,8 @@
 //! | `mailroom_ledger_groups_total`, `_writes_total`, `_split_total` | counter | (group commits) |
 //! | `mailroom_relay_published_total`, `_refused_total`, `_parked_total`, `_blocked_total` | counter | |
 //! | `mailroom_relay_lag_seconds` | gauge | (age of the oldest unpublished outbox row) |
+//! | `mailroom_relay_woken_total` | counter | (wake-ups by a notification or the binary log) |
+//! | `mailroom_relay_wakeup_mode` | gauge (1) | `mode` = `binlog` / `notify` / `poll` |
 //! | `mailroom_template_reloads_total` | counter | `result` = `ok` / `failed` |
 //! | `mailroom_template_revision` | gauge (1) | `revision` |
 
@@ -32,7 +34,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use crate::db::Database;
-use crate::relay::RelayStats;
+use crate::relay::{RelayStats, WakeupMode};
 use crate::render::LiveTemplates;
 use crate::worker::Stats;
 use crate::worker::histogram::Histogram;
@@ -223,8 +225,28 @@ fn relay(out: &mut String, r: &RelayStats) {
             "Batches rolled back because RabbitMQ blocked publishing (resource alarm).",
             &r.blocked,
         ),
+        (
+            "mailroom_relay_woken_total",
+            "Wake-ups by the database: a notification or a binary log event.",
+            &r.woken,
+        ),
     ] {
         counter(out, name, help, value.load(Ordering::Relaxed));
+    }
+    relay_wakeup_mode(out, r.wakeup_mode());
+}
+
+/// `mailroom_relay_wakeup_mode{mode="…"}`: 1 on the source that wakes the relay, 0 on the others.
+fn relay_wakeup_mode(out: &mut String, mode: WakeupMode) {
+    let help = "Which source wakes the idle relay (1): binlog, notify or poll.";
+    header(out, "mailroom_relay_wakeup_mode", "gauge", help);
+    for m in WakeupMode::ALL {
+        let on = u8::from(m == mode);
+        let _ = writeln!(
+            out,
+            "mailroom_relay_wakeup_mode{{mode=\"{}\"}} {on}",
+            m.as_str()
+        );
     }
 }
 

@@ -65,6 +65,8 @@ pub fn build_relay(
         poll_max: tuning.poll_max,
         retention: tuning.outbox_retention,
         name: format!("mailroom relay (pid {})", std::process::id()),
+        // MySQL/MariaDB: the binary log wakes the relay (src/relay/binlog.rs).
+        database_url: Some(database_url.clone()),
     };
     Ok(Relay::new(settings, db))
 }

@@ -8,6 +8,7 @@
 
 mod helpers;
 
+mod binlog;
 mod crash;
 mod database_refused;
 mod delivery;
