@@ -148,11 +148,25 @@ fn text(s: &str) -> AMQPValue {
 
 /// Declares every exchange, queue and binding. Safe to call from many processes at once.
 pub async fn declare_topology(ch: &Channel, t: &Topology) -> anyhow::Result<()> {
-    let durable = ExchangeDeclareOptions {
+    declare_exchanges(ch, t).await?;
+    declare_work_queue(ch, t).await?;
+    declare_queue(ch, &t.dead, durable_queue(), FieldTable::default()).await?;
+    bind(ch, &t.dead, &t.dlx, "", FieldTable::default()).await?;
+    for delay in &t.retry_delays {
+        declare_retry_tier(ch, t, *delay).await?;
+    }
+    Ok(())
+}
+
+fn durable_queue() -> QueueDeclareOptions {
+    QueueDeclareOptions {
         durable: true,
         ..Default::default()
-    };
-    let queue_opts = QueueDeclareOptions {
+    }
+}
+
+async fn declare_exchanges(ch: &Channel, t: &Topology) -> anyhow::Result<()> {
+    let durable = ExchangeDeclareOptions {
         durable: true,
         ..Default::default()
     };
@@ -165,51 +179,56 @@ pub async fn declare_topology(ch: &Channel, t: &Topology) -> anyhow::Result<()> 
             .await
             .map_err(|e| anyhow::anyhow!("declaring exchange {name}: {e}"))?;
     }
+    Ok(())
+}
+
+/// The quorum work queue `<ns>`, bound to every routing key of the exchange.
+async fn declare_work_queue(ch: &Channel, t: &Topology) -> anyhow::Result<()> {
     // At-least-once dead-lettering (RabbitMQ 3.10+) needs reject-publish overflow.
-    let main_args = table(&[
+    let args = table(&[
         ("x-queue-type", text("quorum")),
         ("x-delivery-limit", AMQPValue::LongLongInt(DELIVERY_LIMIT)),
         ("x-dead-letter-exchange", text(&t.dlx)),
         ("x-dead-letter-strategy", text("at-least-once")),
         ("x-overflow", text("reject-publish")),
     ]);
-    declare_queue(ch, &t.queue, queue_opts, main_args).await?;
-    bind(ch, &t.queue, &t.exchange, "#", FieldTable::default()).await?;
-    declare_queue(ch, &t.dead, queue_opts, FieldTable::default()).await?;
-    bind(ch, &t.dead, &t.dlx, "", FieldTable::default()).await?;
-    for delay in &t.retry_delays {
-        let label = Topology::delay_label(*delay);
-        let queue = t.retry_queue(*delay);
-        let args = table(&[
-            ("x-queue-type", text("quorum")),
-            (
-                "x-message-ttl",
-                AMQPValue::LongLongInt(delay.as_millis() as i64),
-            ),
-            ("x-dead-letter-exchange", text(&t.exchange)),
-            ("x-dead-letter-strategy", text("at-least-once")),
-            ("x-overflow", text("reject-publish")),
-        ]);
-        declare_queue(ch, &queue, queue_opts, args).await?;
-        // `all` ignores headers starting with `x-`, so a binding on `x-mailroom-delay` alone
-        // matched every message and each retry went to every tier (one copy per tier).
-        // `all-with-x` (RabbitMQ 3.10+) compares them; the old binding is removed.
-        let legacy = table(&[("x-match", text("all")), (DELAY_HEADER, text(&label))]);
-        ch.queue_unbind(
-            queue.as_str().into(),
-            t.retry_exchange.as_str().into(),
-            "".into(),
-            legacy,
-        )
-        .await
-        .map_err(|e| anyhow::anyhow!("unbinding the legacy matcher of {queue}: {e}"))?;
-        let matcher = table(&[
-            ("x-match", text("all-with-x")),
-            (DELAY_HEADER, text(&label)),
-        ]);
-        bind(ch, &queue, &t.retry_exchange, "", matcher).await?;
-    }
-    Ok(())
+    declare_queue(ch, &t.queue, durable_queue(), args).await?;
+    bind(ch, &t.queue, &t.exchange, "#", FieldTable::default()).await
+}
+
+/// One retry tier: a quorum queue whose TTL dead-letters back to the work exchange, bound to
+/// the retry exchange on its delay header.
+async fn declare_retry_tier(ch: &Channel, t: &Topology, delay: Duration) -> anyhow::Result<()> {
+    let label = Topology::delay_label(delay);
+    let queue = t.retry_queue(delay);
+    let args = table(&[
+        ("x-queue-type", text("quorum")),
+        (
+            "x-message-ttl",
+            AMQPValue::LongLongInt(delay.as_millis() as i64),
+        ),
+        ("x-dead-letter-exchange", text(&t.exchange)),
+        ("x-dead-letter-strategy", text("at-least-once")),
+        ("x-overflow", text("reject-publish")),
+    ]);
+    declare_queue(ch, &queue, durable_queue(), args).await?;
+    // `all` ignores headers starting with `x-`, so a binding on `x-mailroom-delay` alone
+    // matched every message and each retry went to every tier (one copy per tier).
+    // `all-with-x` (RabbitMQ 3.10+) compares them; the old binding is removed.
+    let legacy = table(&[("x-match", text("all")), (DELAY_HEADER, text(&label))]);
+    ch.queue_unbind(
+        queue.as_str().into(),
+        t.retry_exchange.as_str().into(),
+        "".into(),
+        legacy,
+    )
+    .await
+    .map_err(|e| anyhow::anyhow!("unbinding the legacy matcher of {queue}: {e}"))?;
+    let matcher = table(&[
+        ("x-match", text("all-with-x")),
+        (DELAY_HEADER, text(&label)),
+    ]);
+    bind(ch, &queue, &t.retry_exchange, "", matcher).await
 }
 
 async fn declare_queue(
@@ -318,15 +337,23 @@ async fn publish_on(
             Err(_) => return Err(PublishError::Timeout(CONFIRM_TIMEOUT)),
         }
     };
+    judge(confirmation?, exchange, routing_key)
+}
+
+/// A confirm's meaning: only a clean ack (not returned as unroutable) is a success.
+fn judge(
+    confirmation: Confirmation,
+    exchange: &str,
+    routing_key: &str,
+) -> Result<(), PublishError> {
     match confirmation {
-        Err(e) => Err(PublishError::Amqp(e)),
-        Ok(Confirmation::Ack(None)) => Ok(()),
-        Ok(Confirmation::Ack(Some(_))) => Err(PublishError::Unroutable {
+        Confirmation::Ack(None) => Ok(()),
+        Confirmation::Ack(Some(_)) => Err(PublishError::Unroutable {
             exchange: exchange.to_string(),
             routing_key: routing_key.to_string(),
         }),
-        Ok(Confirmation::Nack(_)) => Err(PublishError::Nacked),
-        Ok(Confirmation::NotRequested) => Err(PublishError::NotConfirmed),
+        Confirmation::Nack(_) => Err(PublishError::Nacked),
+        Confirmation::NotRequested => Err(PublishError::NotConfirmed),
     }
 }
 

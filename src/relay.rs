@@ -343,28 +343,8 @@ impl Relay {
         failpoint::hit("relay.after_confirm").await;
         let mut published = Vec::with_capacity(rows.len());
         for (out, confirm) in plan.outgoing.iter().zip(confirms) {
-            let row = out.row;
-            match confirm {
-                Confirmation::Ack(None) => {
-                    if let Some(reason) = &out.refused {
-                        self.dead_lettered(&mut batch, row, reason).await?;
-                    }
-                    published.push(row.id);
-                }
-                Confirmation::Ack(Some(_)) => {
-                    let why = format!(
-                        "unroutable: no queue bound for kind {:?} on exchange {:?}",
-                        row.kind, out.exchange
-                    );
-                    self.refuse(&mut batch, row, &why).await?;
-                }
-                Confirmation::Nack(_) => {
-                    self.refuse(&mut batch, row, "the broker refused the message (nack)")
-                        .await?
-                }
-                Confirmation::NotRequested => {
-                    anyhow::bail!("the relay channel is not in confirm mode")
-                }
+            if self.settle_row(&mut batch, out, confirm).await? {
+                published.push(out.row.id);
             }
         }
         batch.mark_published(&published).await?;
@@ -373,6 +353,41 @@ impl Relay {
             .published
             .fetch_add(published.len() as u64, Ordering::Relaxed);
         Ok((rows.len(), plan.cut))
+    }
+
+    /// Acts on one row's confirm inside the batch's transaction; true when the row is published
+    /// (a job, or the dead letter of a row refused at the door).
+    async fn settle_row(
+        &self,
+        batch: &mut OutboxBatch,
+        out: &batch::Outgoing<'_>,
+        confirm: Confirmation,
+    ) -> anyhow::Result<bool> {
+        let row = out.row;
+        match confirm {
+            Confirmation::Ack(None) => {
+                if let Some(reason) = &out.refused {
+                    self.dead_lettered(batch, row, reason).await?;
+                }
+                Ok(true)
+            }
+            Confirmation::Ack(Some(_)) => {
+                let why = format!(
+                    "unroutable: no queue bound for kind {:?} on exchange {:?}",
+                    row.kind, out.exchange
+                );
+                self.refuse(batch, row, &why).await?;
+                Ok(false)
+            }
+            Confirmation::Nack(_) => {
+                self.refuse(batch, row, "the broker refused the message (nack)")
+                    .await?;
+                Ok(false)
+            }
+            Confirmation::NotRequested => {
+                anyhow::bail!("the relay channel is not in confirm mode")
+            }
+        }
     }
 
     /// A refused row's dead letter was confirmed: record it `dead` in the ledger.

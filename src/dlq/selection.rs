@@ -199,18 +199,9 @@ impl DeadLetters {
             while let Some(d) = pass.next().await? {
                 report.examined += 1;
                 let entry = letter::entry(report.examined, &d);
-                if !selection.matches(&entry) {
-                    report.skip(NOT_SELECTED);
-                } else if let (Some(publisher), Action::Replay(key)) = (publisher.as_mut(), action)
-                {
-                    self.move_one(publisher, key, &pass, &d, &entry, &mut report)
-                        .await?;
-                } else {
-                    pass.remove(&d)
-                        .await
-                        .with_context(|| format!("purging {}", entry.job_id))?;
-                    report.purged += 1;
-                }
+                let target = (&pass, &d, &entry);
+                self.act_on(target, selection, action, publisher.as_mut(), &mut report)
+                    .await?;
                 progress(Progress {
                     done: report.examined,
                     total,
@@ -227,6 +218,29 @@ impl DeadLetters {
             report.interrupted = Some(format!("{e:#}"));
         }
         Ok(report)
+    }
+
+    /// One dead letter of a sweep: left alone, replayed or purged, and counted in `report`.
+    async fn act_on(
+        &self,
+        (pass, d, entry): (&Pass, &Delivery, &Entry),
+        selection: &Selection,
+        action: Action<'_>,
+        publisher: Option<&mut Channel>,
+        report: &mut Report,
+    ) -> anyhow::Result<()> {
+        if !selection.matches(entry) {
+            report.skip(NOT_SELECTED);
+        } else if let (Some(publisher), Action::Replay(key)) = (publisher, action) {
+            self.move_one(publisher, key, pass, d, entry, report)
+                .await?;
+        } else {
+            pass.remove(d)
+                .await
+                .with_context(|| format!("purging {}", entry.job_id))?;
+            report.purged += 1;
+        }
+        Ok(())
     }
 
     /// Publish (confirmed), then remove. A failed publish leaves the dead letter in place.

@@ -83,20 +83,30 @@ fn build_kind(
                 (&mut *html, &mut kind.html)
             }
         };
-        let slot = match locale {
-            Some(tag) => variants.locales.entry(tag.clone()).or_default(),
-            None => variants.default.get_or_insert_default(),
-        };
-        if !slot.is_empty() {
-            return Err(invalid(
-                source,
-                "another file already has this part and locale",
-            ));
-        }
-        slot.clone_from(&source.rel);
+        take_slot(variants, locale.as_deref(), source)?;
         registry.register_template(&source.rel, template);
     }
     Ok(kind)
+}
+
+/// Names `source` as the template of its part and locale; one file per part and locale.
+fn take_slot(
+    variants: &mut Variants,
+    locale: Option<&str>,
+    source: &Source,
+) -> Result<(), TemplateError> {
+    let slot = match locale {
+        Some(tag) => variants.locales.entry(tag.to_string()).or_default(),
+        None => variants.default.get_or_insert_default(),
+    };
+    if !slot.is_empty() {
+        return Err(invalid(
+            source,
+            "another file already has this part and locale",
+        ));
+    }
+    slot.clone_from(&source.rel);
+    Ok(())
 }
 
 fn compile(name: &str, source: &Source, text: &str) -> Result<Template, TemplateError> {
