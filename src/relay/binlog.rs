@@ -61,6 +61,18 @@ pub enum Unavailable {
     },
     #[error("cannot follow the binary log: {0}")]
     Failed(String),
+    /// The server could not be reached (down, restarting): not a reason to stop following
+    /// the log, but to retry the session like any lost connection.
+    #[error("cannot reach the database to follow the binary log: {0}")]
+    Unreachable(String),
+}
+
+/// An error of the binary log connection: unreachable (I/O) or a failure of the setup.
+fn failed(e: mysql_async::Error) -> Unavailable {
+    match e {
+        mysql_async::Error::Io(e) => Unavailable::Unreachable(e.to_string()),
+        e => Unavailable::Failed(e.to_string()),
+    }
 }
 
 /// Where and how to connect: the relay's database URL, read as the pool reads it.
@@ -165,7 +177,6 @@ impl Source {
     /// Connects, checks the setup and starts the dump at the current position; returns the
     /// stream and the schema whose outbox it watches.
     async fn open(&self) -> Result<(BinlogStream, String), Unavailable> {
-        let failed = |e: mysql_async::Error| Unavailable::Failed(e.to_string());
         let mut conn = Conn::new(self.opts.clone()).await.map_err(failed)?;
         let (log_bin, format, schema): (i64, String, Option<String>) = conn
             .query_first("SELECT @@GLOBAL.log_bin, @@GLOBAL.binlog_format, DATABASE()")
@@ -228,7 +239,7 @@ async fn current_position(conn: &mut Conn) -> Result<(String, u64), Unavailable>
                     cause: e.to_string(),
                 });
             }
-            Err(e) => return Err(Unavailable::Failed(e.to_string())),
+            Err(e) => return Err(failed(e)),
         }
     }
     Err(Unavailable::Failed(format!(
@@ -251,7 +262,7 @@ fn dump_refused(e: mysql_async::Error) -> Unavailable {
             mariadb: "REPLICATION SLAVE",
             cause: s.to_string(),
         },
-        _ => Unavailable::Failed(e.to_string()),
+        _ => failed(e),
     }
 }
 

@@ -66,7 +66,9 @@ pub(super) enum Wakeup {
 
 impl Wakeup {
     /// Opens the engine's source. On MySQL/MariaDB a server or user that cannot follow the
-    /// binary log falls back to polling, saying why and what to set or grant.
+    /// binary log falls back to polling, saying why and what to set or grant; a server that
+    /// cannot be reached (down, restarting) is an error, so the session is retried and follows
+    /// the log again once the server is back.
     pub async fn open(db: &Database, settings: &RelaySettings) -> anyhow::Result<Wakeup> {
         match db {
             Database::Postgres(pool) => {
@@ -80,6 +82,7 @@ impl Wakeup {
                 };
                 match Follower::start(url).await {
                     Ok(follower) => Ok(Wakeup::Binlog(follower)),
+                    Err(why @ Unavailable::Unreachable(_)) => Err(why.into()),
                     Err(why) => {
                         log_fallback(&why, settings.poll_max);
                         Ok(Wakeup::Poll)
@@ -135,7 +138,7 @@ impl Wakeup {
 
 fn log_fallback(why: &Unavailable, poll_max: Duration) {
     let hint = match why {
-        Unavailable::Failed(_) => "",
+        Unavailable::Failed(_) | Unavailable::Unreachable(_) => "",
         _ => " (README: \"Waking the relay on MySQL/MariaDB\")",
     };
     tracing::warn!(
