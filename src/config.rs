@@ -175,6 +175,16 @@ pub enum OnUncertain {
     DeadLetter,
 }
 
+/// `localhost`, `127.0.0.0/8` or `::1` (a URL host keeps IPv6 in brackets): a host whose
+/// traffic never leaves the machine, the only place a plaintext link is allowed.
+pub fn is_loopback(host: &str) -> bool {
+    let bare = host.trim_start_matches('[').trim_end_matches(']');
+    bare.eq_ignore_ascii_case("localhost")
+        || bare
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

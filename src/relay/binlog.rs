@@ -70,7 +70,10 @@ pub enum Unavailable {
 /// An error of the binary log connection: unreachable (I/O) or a failure of the setup.
 fn failed(e: mysql_async::Error) -> Unavailable {
     match e {
-        mysql_async::Error::Io(e) => Unavailable::Unreachable(e.to_string()),
+        // A TLS failure is the setup's (a server without TLS, a certificate), not the network's.
+        mysql_async::Error::Io(e @ mysql_async::IoError::Io(_)) => {
+            Unavailable::Unreachable(e.to_string())
+        }
         e => Unavailable::Failed(e.to_string()),
     }
 }
@@ -267,7 +270,8 @@ fn dump_refused(e: mysql_async::Error) -> Unavailable {
 }
 
 /// TLS as the pool's `ssl-mode` asks: verified for `verify_ca`/`verify_identity` (with the
-/// URL's `ssl-ca`), unverified for `required` and the default `preferred`, none when disabled.
+/// URL's `ssl-ca`), unverified for `required`, and for the default `preferred` unless the
+/// server is on loopback; none when disabled.
 fn ssl_opts(mode: MySqlSslMode, url: &SecretUrl) -> Option<SslOpts> {
     let ca = url
         .url()
@@ -276,7 +280,14 @@ fn ssl_opts(mode: MySqlSslMode, url: &SecretUrl) -> Option<SslOpts> {
         .map(|(_, v)| std::path::PathBuf::from(v.as_ref()).into());
     let opts = SslOpts::default().with_root_certs(ca.into_iter().collect());
     match mode {
-        MySqlSslMode::Disabled | MySqlSslMode::Preferred => None,
+        MySqlSslMode::Disabled => None,
+        // The stream carries every table's changes on the server, not only mailroom's: off
+        // the machine it is encrypted (as the pool's `preferred` encrypts when it can), and a
+        // server without TLS is not followed (the relay polls) unless TLS is disabled by name.
+        MySqlSslMode::Preferred => {
+            let host = url.url().host_str().unwrap_or("localhost");
+            (!crate::config::is_loopback(host)).then(|| opts.with_danger_accept_invalid_certs(true))
+        }
         MySqlSslMode::Required => Some(opts.with_danger_accept_invalid_certs(true)),
         MySqlSslMode::VerifyCa => Some(opts.with_danger_skip_domain_validation(true)),
         MySqlSslMode::VerifyIdentity => Some(opts),
@@ -430,6 +441,27 @@ pub(super) fn table_id(data: &[u8]) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn tls_for(url: &str) -> bool {
+        let url: SecretUrl = url.parse().unwrap();
+        let mode = url
+            .expose()
+            .parse::<MySqlConnectOptions>()
+            .unwrap()
+            .get_ssl_mode();
+        ssl_opts(mode, &url).is_some()
+    }
+
+    #[test]
+    fn the_stream_is_encrypted_off_the_machine_unless_tls_is_disabled_by_name() {
+        assert!(tls_for("mysql://u:p@db.internal:3306/mailroom"));
+        assert!(tls_for("mysql://u:p@10.0.0.5/mailroom?ssl-mode=required"));
+        assert!(!tls_for("mysql://u:p@127.0.0.1:3306/mailroom"));
+        assert!(!tls_for("mysql://u:p@localhost/mailroom"));
+        assert!(!tls_for(
+            "mysql://u:p@db.internal/mailroom?ssl-mode=disabled"
+        ));
+    }
 
     const XID: u8 = 0x10;
     const QUERY: u8 = 0x02;

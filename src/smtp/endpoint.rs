@@ -123,7 +123,7 @@ fn credentials(url: &Url) -> Result<Option<Credentials>, String> {
 fn check_auth_is_encrypted(host: &str, tls: &TlsMode) -> Result<(), String> {
     let why = match tls {
         TlsMode::Required(_) | TlsMode::Implicit(_) => return Ok(()),
-        _ if is_loopback(host) => return Ok(()),
+        _ if crate::config::is_loopback(host) => return Ok(()),
         TlsMode::None => "in clear text",
         TlsMode::Opportunistic(_) => {
             "in clear text whenever STARTTLS is stripped (tls=opportunistic)"
@@ -132,15 +132,6 @@ fn check_auth_is_encrypted(host: &str, tls: &TlsMode) -> Result<(), String> {
     Err(format!(
         "refusing to send the password to {host} {why}; use smtps:// or ?tls=required"
     ))
-}
-
-/// `localhost`, `127.0.0.0/8` or `::1` (a URL host keeps IPv6 in brackets).
-fn is_loopback(host: &str) -> bool {
-    let bare = host.trim_start_matches('[').trim_end_matches(']');
-    bare.eq_ignore_ascii_case("localhost")
-        || bare
-            .parse::<std::net::IpAddr>()
-            .is_ok_and(|ip| ip.is_loopback())
 }
 
 /// `%XX` escapes of URL userinfo to bytes, as UTF-8.
