@@ -9,6 +9,8 @@ use std::time::Duration;
 use tokio::process::{Child, Command};
 use tokio::time::Instant;
 
+use mailroom_test_kit::vhost::rabbitmqctl;
+
 use crate::helpers::{TestApp, Vhost};
 
 /// Worker flags of the soak: a lease well above the SMTP timeout on a loaded machine, and
@@ -390,18 +392,4 @@ impl<'a> Cluster<'a> {
         self.note("stopped every process".into());
         hung
     }
-}
-
-async fn rabbitmqctl(args: &[&str]) {
-    let out = Command::new("rabbitmqctl")
-        .arg("-q")
-        .args(args)
-        .output()
-        .await
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "rabbitmqctl {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
 }

@@ -41,7 +41,8 @@ impl Vhost {
     }
 }
 
-async fn rabbitmqctl(args: &[&str]) {
+/// Runs `rabbitmqctl -q ARGS` against the local node and panics with its stderr on failure.
+pub async fn rabbitmqctl(args: &[&str]) {
     let out = tokio::process::Command::new("rabbitmqctl")
         .arg("-q")
         .args(args)
