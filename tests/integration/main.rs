@@ -22,6 +22,7 @@ mod http_dlq;
 mod ledger;
 mod lifecycle;
 mod live_templates;
+mod logs;
 mod metrics;
 mod once;
 mod outbox;
