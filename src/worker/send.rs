@@ -51,7 +51,8 @@ impl Worker {
             );
             return self.give_back(job, token, reason).await;
         }
-        match self.send(session, &message).await {
+        // Admitted jobs name a template, so their kind is a bounded label.
+        match self.send(session, &message, &job.job.kind).await {
             Ok(reply) => self.accepted(job, token, deadline, &reply, templates).await,
             Err(e) => self.send_failed(job, token, attempt, e).await,
         }
@@ -76,12 +77,20 @@ impl Worker {
     /// reply may leave a delivered email unrecorded, and the redelivery resends it (README,
     /// Guarantees). The chaos soak explains every duplicate by one such window that never
     /// closed. The session is given back as soon as the send ends.
-    async fn send(&self, session: Session<'_>, message: &Outgoing) -> Result<String, SendError> {
+    async fn send(
+        &self,
+        session: Session<'_>,
+        message: &Outgoing,
+        kind: &str,
+    ) -> Result<String, SendError> {
         tracing::info!(window = "sending", "uncertain window opens: sending");
         let started = Instant::now();
         let sent = self.mailer.send_in(&session, message).await;
         drop(session);
-        self.stats.smtp_latency.observe(started.elapsed());
+        self.stats
+            .kind(kind)
+            .smtp_latency
+            .observe(started.elapsed());
         self.breaker.record(&sent);
         if let Err(e) = &sent {
             let window = if matches!(e, SendError::Uncertain { .. }) {

@@ -11,7 +11,7 @@ use lapin::{
     types::AMQPValue,
 };
 
-use super::{ErrorClass, Outcome, Stats, Worker};
+use super::{ErrorClass, OTHER_KIND, Outcome, Stats, Worker};
 use crate::broker::{self, Topology};
 use crate::job::mask_addresses;
 
@@ -47,11 +47,12 @@ impl Worker {
     /// Sent now, or earlier (a duplicate): counts it and acks.
     async fn settle_done(&self, delivery: &Delivery, duplicate: bool) {
         let stats = &self.stats;
-        Stats::bump(if duplicate {
-            &stats.duplicates
+        if duplicate {
+            Stats::bump(&stats.duplicates);
         } else {
-            &stats.sent
-        });
+            Stats::bump(&stats.sent);
+            Stats::bump(&stats.kind(&self.kind_label(delivery)).sent);
+        }
         self.ack(delivery).await;
     }
 
@@ -78,6 +79,7 @@ impl Worker {
             Ok(()) => {
                 tracing::info!(?delay, reason = mask_addresses(reason), "retry scheduled");
                 Stats::bump(&self.stats.retried);
+                Stats::bump(&self.stats.kind(&self.kind_label(delivery)).retried);
                 self.ack(delivery).await;
             }
             Err(e) => {
@@ -150,14 +152,14 @@ impl Worker {
         }
     }
 
-    /// The kind as a metric label: the routing key when it names a template, else `other`, so
-    /// that whoever can publish cannot create unbounded series.
+    /// The kind as a metric label: the routing key when it names a template, else
+    /// [`OTHER_KIND`], so that whoever can publish cannot create unbounded series.
     fn kind_label(&self, delivery: &Delivery) -> String {
         let key = delivery.routing_key.as_str();
         if self.templates.current().contains(key) {
             key.to_owned()
         } else {
-            "other".to_owned()
+            OTHER_KIND.to_owned()
         }
     }
 

@@ -27,6 +27,7 @@ mod once;
 mod outbox;
 mod poison;
 mod proxy_faults;
+mod readiness;
 mod security;
 mod smtp_faults;
 mod soak;
