@@ -15,6 +15,7 @@ mod delivery;
 mod disruptive;
 mod dlq;
 mod doors;
+mod exposition;
 mod failures;
 mod hostile;
 mod http;
