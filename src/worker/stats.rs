@@ -245,6 +245,26 @@ pub struct WaitTimedOut {
 mod tests {
     use super::*;
 
+    #[test]
+    fn each_kind_label_has_its_own_counters_listed_in_label_order() {
+        let stats = Stats::default();
+        Stats::bump(&stats.kind("welcome").sent);
+        Stats::bump(&stats.kind(OTHER_KIND).retried);
+        Stats::bump(&stats.kind("welcome").sent);
+        let kinds: Vec<_> = stats
+            .kinds()
+            .into_iter()
+            .map(|(k, s)| {
+                (
+                    k,
+                    s.sent.load(Ordering::Relaxed),
+                    s.retried.load(Ordering::Relaxed),
+                )
+            })
+            .collect();
+        assert_eq!(kinds, [("other".into(), 0, 1), ("welcome".into(), 2, 0)]);
+    }
+
     #[tokio::test]
     async fn a_wait_whose_condition_never_holds_times_out_with_the_last_snapshot() {
         let stats = Stats::default();
