@@ -12,6 +12,9 @@
 //! - `GET /healthz` (the process runs) and `GET /readyz` (database and broker reachable, on a
 //!   kept connection; error details only with the token: [`ready`]).
 //!
+//! `worker` and `relay --metrics-addr` serve [`metrics_router`]: `/metrics`, `/healthz`, and
+//! `/readyz` from the process's own broker session and database ([`Readiness`]).
+//!
 //! Every request is logged once ([`access_log`], target `mailroom::http::access`).
 //!
 //! `/v1` requires `Authorization: Bearer <MAILROOM_API_TOKEN>`. Without a token the server
@@ -44,7 +47,7 @@ use crate::dlq::seal::ReplayKey;
 use crate::http::metrics::Metrics;
 use crate::job::MAX_JOB_BYTES;
 use crate::render::LiveTemplates;
-pub use ready::BrokerProbe;
+pub use ready::{BrokerProbe, Readiness};
 
 /// What the handlers share.
 pub struct ApiState {
@@ -98,15 +101,20 @@ pub fn router(state: Arc<ApiState>) -> Router {
         .layer(middleware::from_fn(access_log))
 }
 
-/// A router with `/metrics` and `/healthz` only, for `worker` and `relay --metrics-addr`.
-pub fn metrics_router(metrics: Metrics) -> Router {
+/// A router with `/metrics`, `/healthz` and `/readyz` (from `readiness`), for `worker` and
+/// `relay --metrics-addr`.
+pub fn metrics_router(metrics: Metrics, readiness: Readiness) -> Router {
     Router::new()
         .route("/healthz", get(|| async { "ok" }))
         .route(
             "/metrics",
-            get(|State(m): State<Arc<Metrics>>| async move { exposition(&m).await }),
+            get(|State(s): State<Arc<(Metrics, Readiness)>>| async move { exposition(&s.0).await }),
         )
-        .with_state(Arc::new(metrics))
+        .route(
+            "/readyz",
+            get(|State(s): State<Arc<(Metrics, Readiness)>>| async move { s.1.respond().await }),
+        )
+        .with_state(Arc::new((metrics, readiness)))
         .layer(middleware::from_fn(access_log))
 }
 
@@ -114,10 +122,11 @@ pub fn metrics_router(metrics: Metrics) -> Router {
 pub async fn serve_metrics(
     listener: tokio::net::TcpListener,
     metrics: Metrics,
+    readiness: Readiness,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
     tracing::info!(addr = %listener.local_addr()?, "metrics listening");
-    axum::serve(listener, metrics_router(metrics))
+    axum::serve(listener, metrics_router(metrics, readiness))
         .with_graceful_shutdown(async move { shutdown.cancelled().await })
         .await?;
     Ok(())

@@ -168,6 +168,9 @@ pub struct Relay {
     db: Database,
     stats: Arc<RelayStats>,
     wake: Arc<Notify>,
+    /// The broker connection of the session that is up (confirm channel and database wake-up
+    /// source open), `None` between sessions (`/readyz`).
+    live: tokio::sync::watch::Sender<Option<lapin::ConnectionStatus>>,
 }
 
 impl Relay {
@@ -177,6 +180,7 @@ impl Relay {
             db,
             stats: Arc::default(),
             wake: Arc::default(),
+            live: tokio::sync::watch::Sender::new(None),
         }
     }
 
@@ -189,12 +193,20 @@ impl Relay {
         self.stats.clone()
     }
 
+    /// The broker connection of the session that is up (its confirm channel and the database's
+    /// wake-up source open), `None` between sessions (`/readyz`).
+    pub fn live(&self) -> tokio::sync::watch::Receiver<Option<lapin::ConnectionStatus>> {
+        self.live.subscribe()
+    }
+
     /// Relays until `shutdown` is cancelled, reconnecting to the broker and the database with
     /// capped exponential backoff.
     pub async fn run(self, shutdown: CancellationToken) -> anyhow::Result<()> {
         let mut backoff = broker::reconnect_backoff();
         while !shutdown.is_cancelled() {
-            match self.session(&shutdown, &mut backoff).await {
+            let ended = self.session(&shutdown, &mut backoff).await;
+            self.live.send_replace(None);
+            match ended {
                 Ok(()) => break,
                 Err(e) => {
                     let wait = backoff.next().unwrap_or(broker::RECONNECT_MAX);
@@ -227,6 +239,7 @@ impl Relay {
             .wakeup_mode
             .store(wakeup.mode() as u8, Ordering::Relaxed);
         let mut poll = AdaptivePoll::new(s.poll_min, wakeup.ceiling(s));
+        self.live.send_replace(Some(conn.status().clone()));
         *backoff = broker::reconnect_backoff();
         tracing::info!(exchange = %s.topology.exchange, wakeup = wakeup.mode().as_str(), "relaying");
         let (every_min, every_max) = RETENTION_EVERY;
@@ -238,7 +251,8 @@ impl Relay {
             if claimed > 0 {
                 poll.busy();
             }
-            let waited = self.wait_for_work(&mut wakeup, &mut poll, &mut retention, shutdown);
+            let waited =
+                self.wait_for_work(&conn, &mut wakeup, &mut poll, &mut retention, shutdown);
             if !waited.await? {
                 break;
             }
@@ -286,6 +300,7 @@ impl Relay {
     /// `shutdown` (false); applies retention when it is due.
     async fn wait_for_work(
         &self,
+        conn: &lapin::Connection,
         wakeup: &mut Wakeup,
         poll: &mut AdaptivePoll,
         retention: &mut tokio::time::Interval,
@@ -316,6 +331,10 @@ impl Relay {
                     self.apply_retention().await;
                     continue;
                 }
+            }
+            // An idle relay publishes nothing that would notice a lost broker connection.
+            if !conn.status().connected() {
+                anyhow::bail!("the broker connection closed while the relay was idle");
             }
             self.stats.probes.fetch_add(1, Ordering::Relaxed);
             if self.db.outbox_has_work().await? {

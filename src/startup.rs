@@ -8,7 +8,7 @@
 //! - [`ServeConfig`] → [`run_serve`]: `mailroom serve`, the HTTP API;
 //! - [`RunConfig`] → [`run_all`]: `mailroom run`, relay, worker and HTTP API in one process;
 //! - here, what they share: the broker settings, loading and following the template directory,
-//!   and the optional `/metrics` listener of a process without the HTTP API.
+//!   and the optional `/metrics` (and `/readyz`) listener of a process without the HTTP API.
 
 mod relay;
 mod run;
@@ -27,7 +27,8 @@ use tokio_util::sync::CancellationToken;
 use crate::broker::Topology;
 use crate::config::{Delays, UrlList};
 use crate::dlq::seal::ReplayKey;
-use crate::http::metrics::Metrics;
+use crate::http::Readiness;
+use crate::http::metrics::{Metrics, QueueDepths};
 use crate::render::{LiveTemplates, Templates};
 
 pub use relay::{RelayConfig, RelayTuning, build_relay, run_relay};
@@ -89,13 +90,25 @@ pub fn follow_templates(
     Ok(())
 }
 
+/// The queue depths of `broker`'s queues for `/metrics`, read on a connection named for `role`.
+pub fn queue_depths(broker: &BrokerConfig, role: &str) -> Arc<QueueDepths> {
+    let name = format!("mailroom {role} metrics (pid {})", std::process::id());
+    Arc::new(QueueDepths::new(
+        broker.amqp_url.clone(),
+        broker.topology(),
+        name,
+    ))
+}
+
 /// A `/metrics` (and `/healthz`) listener of its own, serving until `shutdown`.
 type MetricsServer = JoinHandle<anyhow::Result<()>>;
 
-/// Binds and serves `metrics` on `addr` until `shutdown`, when an address was given.
+/// Binds and serves `metrics` and `readiness` on `addr` until `shutdown`, when an address was
+/// given.
 pub async fn spawn_metrics(
     addr: Option<SocketAddr>,
     metrics: Metrics,
+    readiness: Readiness,
     shutdown: &CancellationToken,
 ) -> anyhow::Result<Option<MetricsServer>> {
     let Some(addr) = addr else {
@@ -106,7 +119,7 @@ pub async fn spawn_metrics(
         .with_context(|| format!("listening on {addr} for metrics"))?;
     let stop = shutdown.clone();
     Ok(Some(tokio::spawn(crate::http::serve_metrics(
-        listener, metrics, stop,
+        listener, metrics, readiness, stop,
     ))))
 }
 

@@ -50,7 +50,7 @@ use crate::render::LiveTemplates;
 use crate::smtp::Mailer;
 
 pub use outcome::{ErrorClass, Outcome};
-pub use stats::{Snapshot, Stats};
+pub use stats::{KindStats, OTHER_KIND, Snapshot, Stats};
 
 /// Everything the worker needs to know, resolved from the CLI/environment.
 #[derive(Clone, Debug)]
@@ -85,6 +85,9 @@ pub struct Worker {
     breaker: breaker::Breaker,
     /// Checks the seal of replayed copies.
     replay_keys: ReplayKeys,
+    /// The consuming connection of the session that is up, `None` between sessions
+    /// (`/readyz`).
+    live: tokio::sync::watch::Sender<Option<lapin::ConnectionStatus>>,
 }
 
 impl Worker {
@@ -95,6 +98,8 @@ impl Worker {
         mailer: Mailer,
     ) -> Worker {
         let stats = Arc::new(Stats::default());
+        let breaker = breaker::Breaker::default();
+        stats.follow_circuit(breaker.subscribe());
         Worker {
             replay_keys: ReplayKeys::new(settings.replay_key.clone(), db.clone()),
             settings,
@@ -103,7 +108,8 @@ impl Worker {
             templates,
             mailer,
             stats,
-            breaker: breaker::Breaker::default(),
+            breaker,
+            live: tokio::sync::watch::Sender::new(None),
         }
     }
 
@@ -117,6 +123,17 @@ impl Worker {
         self.stats.clone()
     }
 
+    /// The connection of the broker session consuming the work queue, `None` between sessions
+    /// (`/readyz`).
+    pub fn live(&self) -> tokio::sync::watch::Receiver<Option<lapin::ConnectionStatus>> {
+        self.live.subscribe()
+    }
+
+    /// The worker's database (its pool), for `/readyz`.
+    pub fn database(&self) -> Database {
+        self.db.clone()
+    }
+
     /// Consumes until `shutdown` is cancelled, reconnecting as needed.
     pub async fn run(mut self, shutdown: CancellationToken) -> anyhow::Result<()> {
         self.ledger = self.ledger.grouped(self.settings.ledger_group);
@@ -125,10 +142,11 @@ impl Worker {
         let tracker = TaskTracker::new();
         let mut backoff = broker::reconnect_backoff();
         while !shutdown.is_cancelled() {
-            match worker
+            let ended = worker
                 .session(&slots, &tracker, &shutdown, &mut backoff)
-                .await
-            {
+                .await;
+            worker.live.send_replace(None);
+            match ended {
                 Ok(()) => break,
                 Err(e) => {
                     let wait = backoff.next().unwrap_or(broker::RECONNECT_MAX);
@@ -155,6 +173,7 @@ impl Worker {
         backoff: &mut backon::ExponentialBackoff,
     ) -> anyhow::Result<()> {
         let mut session = self.connect().await?;
+        self.live.send_replace(Some(session.conn.status().clone()));
         *backoff = broker::reconnect_backoff();
         let s = &self.settings;
         tracing::info!(queue = %s.topology.queue, concurrency = s.concurrency, prefetch = s.prefetch, "consuming");

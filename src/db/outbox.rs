@@ -283,6 +283,18 @@ impl Database {
         }
     }
 
+    /// Unpublished outbox rows: `(pending, parked)`, the relay's backlog and the rows it set
+    /// aside for an operator.
+    pub async fn outbox_backlog(&self) -> Result<(i64, i64), sqlx::Error> {
+        const BACKLOG: &str = "SELECT
+             (SELECT count(*) FROM mailroom_outbox WHERE published_at IS NULL AND parked_at IS NULL),
+             (SELECT count(*) FROM mailroom_outbox WHERE published_at IS NULL AND parked_at IS NOT NULL)";
+        match self {
+            Database::Postgres(pool) => sqlx::query_as(BACKLOG).fetch_one(pool).await,
+            Database::MySql(pool) => sqlx::query_as(BACKLOG).fetch_one(pool).await,
+        }
+    }
+
     /// Every kind known for `job_id`, in the outbox or the ledger, sorted.
     pub async fn kinds_of_job(&self, job_id: &str) -> Result<Vec<String>, sqlx::Error> {
         match self {

@@ -7,6 +7,12 @@
 //! "ok" | "down", "broker": "ok" | "down"}}`. The error texts name the broker's user, host and
 //! vhost and the database's, so they are added (`details`) only for callers that pass the API's
 //! bearer token (or when the API has none and so listens on loopback only).
+//!
+//! A `worker` or `relay` with `--metrics-addr` answers `/readyz` on that listener from its own
+//! state ([`Readiness`]): `broker` is `ok` while its session is live and its connection open
+//! (the worker consuming the work queue; the relay with its confirm channel and its database
+//! wake-up source open), and
+//! `database` while its pool answers a ping. The same body, never with details.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -24,10 +30,54 @@ use tokio::sync::Mutex;
 
 use super::ApiState;
 use crate::config::UrlList;
+use crate::db::Database;
 
 /// How long one probe may take to open a broker connection: a probe answers in bounded time
 /// even when a node drops packets instead of refusing them.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long a worker's or relay's probe waits for its database to answer a ping.
+const PING_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// What `/readyz` checks in a `worker` or `relay` process: its broker session, and its database.
+#[derive(Clone)]
+pub struct Readiness {
+    /// The connection of the process's live broker session, `None` between sessions
+    /// ([`crate::worker::Worker::live`], [`crate::relay::Relay::live`]).
+    pub session: tokio::sync::watch::Receiver<Option<lapin::ConnectionStatus>>,
+    pub db: Database,
+}
+
+impl Readiness {
+    /// `200` with every check `ok`, else `503`; the body names each check.
+    pub async fn respond(&self) -> Response {
+        // Read now: a session whose connection died is not ready, even before its loop notices.
+        let broker = self
+            .session
+            .borrow()
+            .as_ref()
+            .is_some_and(|s| s.connected());
+        let db = matches!(
+            tokio::time::timeout(PING_TIMEOUT, self.db.ping()).await,
+            Ok(Ok(()))
+        );
+        answer(&[("broker", broker), ("database", db)])
+    }
+}
+
+/// The `/readyz` answer for these checks: `{"status", "checks"}`, `200` or `503`.
+fn answer(checks: &[(&str, bool)]) -> Response {
+    let up = checks.iter().all(|(_, ok)| *ok);
+    let body = json!({
+        "status": if up { "ok" } else { "unavailable" },
+        "checks": checks.iter().map(|(name, ok)| (name.to_string(), json!(if *ok { "ok" } else { "down" }))).collect::<Map<String, Value>>(),
+    });
+    let code = if up {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    (code, Json(body)).into_response()
+}
 
 /// The readiness probe's broker connection, opened on the first probe and kept while it stays
 /// open. Probes take turns, so concurrent probes never open more than one.

@@ -5,9 +5,10 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use super::{BrokerConfig, spawn_metrics, stop_metrics};
+use super::{BrokerConfig, queue_depths, spawn_metrics, stop_metrics};
 use crate::config::SecretUrl;
 use crate::db::{Database, OnAcquire};
+use crate::http::Readiness;
 use crate::http::metrics::Metrics;
 use crate::relay::{Relay, RelaySettings};
 
@@ -36,12 +37,19 @@ pub struct RelayConfig {
 /// Runs the relay and the optional metrics listener until `shutdown`.
 pub async fn run_relay(config: &RelayConfig, shutdown: CancellationToken) -> anyhow::Result<()> {
     let relay = build_relay(&config.database_url, &config.broker, &config.relay)?;
+    // One connection of its own for the scrape-time queries and the readiness ping.
+    let db = Database::connect_lazy(&config.database_url, 1)?;
     let metrics = Metrics {
         relay: Some(relay.stats()),
-        db: Some(Database::connect_lazy(&config.database_url, 1)?),
+        db: Some(db.clone()),
+        queues: Some(queue_depths(&config.broker, "relay")),
         ..Metrics::default()
     };
-    let server = spawn_metrics(config.metrics_addr, metrics, &shutdown).await?;
+    let readiness = Readiness {
+        session: relay.live(),
+        db,
+    };
+    let server = spawn_metrics(config.metrics_addr, metrics, readiness, &shutdown).await?;
     let result = relay.run(shutdown.clone()).await;
     stop_metrics(server, &shutdown).await?;
     result

@@ -5,9 +5,10 @@ use tokio_util::sync::CancellationToken;
 
 use super::{
     HttpConfig, RelayTuning, WorkerConfig, api_state, bind, build_relay, build_worker,
-    follow_templates, spawn_metrics, stop_metrics,
+    follow_templates, queue_depths, spawn_metrics, stop_metrics,
 };
 use crate::http;
+use crate::http::Readiness;
 use crate::http::metrics::Metrics;
 
 /// What `mailroom run` needs: the worker's settings (its database, broker and metrics address
@@ -30,12 +31,19 @@ pub async fn run_all(config: &RunConfig, shutdown: CancellationToken) -> anyhow:
     let metrics = Metrics {
         worker: Some(worker.stats()),
         relay: Some(relay.stats()),
+        queues: Some(queue_depths(broker, "run")),
         ..Metrics::default()
+    };
+    // The extra listener's /readyz: the worker's session and database.
+    let readiness = Readiness {
+        session: worker.live(),
+        db: worker.database(),
     };
     let templates = Some(worker.templates());
     let wake = Some(relay.waker());
     let state = api_state(&config.http, db, broker, templates, metrics, wake)?;
-    let extra = spawn_metrics(config.worker.metrics_addr, state.metrics.clone(), &shutdown).await?;
+    let metrics = state.metrics.clone();
+    let extra = spawn_metrics(config.worker.metrics_addr, metrics, readiness, &shutdown).await?;
     let (w, r, h) = tokio::join!(
         worker.run(shutdown.clone()),
         relay.run(shutdown.clone()),

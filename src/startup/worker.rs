@@ -8,9 +8,12 @@ use std::time::Duration;
 use lettre::message::Mailbox;
 use tokio_util::sync::CancellationToken;
 
-use super::{BrokerConfig, follow_templates, load_templates, spawn_metrics, stop_metrics};
+use super::{
+    BrokerConfig, follow_templates, load_templates, queue_depths, spawn_metrics, stop_metrics,
+};
 use crate::config::{OnUncertain, SecretUrl};
 use crate::db::Database;
+use crate::http::Readiness;
 use crate::http::metrics::Metrics;
 use crate::render::LiveTemplates;
 use crate::smtp::{Mailer, MailerSettings};
@@ -54,9 +57,14 @@ pub async fn run_worker(config: &WorkerConfig, shutdown: CancellationToken) -> a
     let metrics = Metrics {
         worker: Some(worker.stats()),
         templates: Some(worker.templates()),
+        queues: Some(queue_depths(&config.broker, "worker")),
         ..Metrics::default()
     };
-    let server = spawn_metrics(config.metrics_addr, metrics, &shutdown).await?;
+    let readiness = Readiness {
+        session: worker.live(),
+        db: worker.database(),
+    };
+    let server = spawn_metrics(config.metrics_addr, metrics, readiness, &shutdown).await?;
     let result = worker.run(shutdown.clone()).await;
     stop_metrics(server, &shutdown).await?;
     result

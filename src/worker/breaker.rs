@@ -59,6 +59,11 @@ impl Breaker {
         }
     }
 
+    /// The circuit's state as it changes (`true`: open), for `/metrics`.
+    pub fn subscribe(&self) -> watch::Receiver<bool> {
+        self.open.subscribe()
+    }
+
     pub fn is_open(&self) -> bool {
         *self.open.borrow()
     }

@@ -51,7 +51,8 @@ impl Worker {
             );
             return self.give_back(job, token, reason).await;
         }
-        match self.send(session, &message).await {
+        // Admitted jobs name a template, so their kind is a bounded label.
+        match self.send(session, &message, &job.job.kind).await {
             Ok(reply) => self.accepted(job, token, deadline, &reply, templates).await,
             Err(e) => self.send_failed(job, token, attempt, e).await,
         }
@@ -75,14 +76,19 @@ impl Worker {
     /// Sends in the uncertain window: once the final dot is on its way (the SMTP client logs
     /// `window="sending"` at DEBUG, target `mailroom::window`) and until `sent` is recorded, a
     /// crash or a lost reply may leave a delivered email unrecorded, and the redelivery resends
-    /// it (README, Guarantees). The chaos soak explains every duplicate by one such window that
+    /// it (docs/GUARANTEES.md). The chaos soak explains every duplicate by one such window that
     /// never closed. The session is given back as soon as the send ends.
-    async fn send(&self, session: Session<'_>, message: &Outgoing) -> Result<String, SendError> {
+    async fn send(
+        &self,
+        session: Session<'_>,
+        message: &Outgoing,
+        kind: &str,
+    ) -> Result<String, SendError> {
         let started = Instant::now();
         let sent = self.mailer.send_in(&session, message).await;
         drop(session);
         let took = started.elapsed();
-        self.stats.smtp_latency.observe(took);
+        self.stats.kind(kind).smtp_latency.observe(took);
         tracing::Span::current().record("smtp_ms", millis(took));
         self.breaker.record(&sent);
         if let Err(e) = &sent {

@@ -14,7 +14,7 @@ use lapin::{
     types::AMQPValue,
 };
 
-use super::{ErrorClass, Outcome, Stats, Worker};
+use super::{ErrorClass, OTHER_KIND, Outcome, Stats, Worker};
 use crate::broker::{self, Topology};
 use crate::job::mask_addresses;
 
@@ -58,11 +58,12 @@ impl Worker {
             tracing::info!(outcome = "sent", "sent");
         }
         let stats = &self.stats;
-        Stats::bump(if duplicate {
-            &stats.duplicates
+        if duplicate {
+            Stats::bump(&stats.duplicates);
         } else {
-            &stats.sent
-        });
+            Stats::bump(&stats.sent);
+            Stats::bump(&stats.kind(&self.kind_label(delivery)).sent);
+        }
         self.ack(delivery).await;
     }
 
@@ -95,6 +96,7 @@ impl Worker {
                     "retry scheduled"
                 );
                 Stats::bump(&self.stats.retried);
+                Stats::bump(&self.stats.kind(&self.kind_label(delivery)).retried);
                 self.ack(delivery).await;
             }
             Err(e) => {
@@ -173,14 +175,14 @@ impl Worker {
         }
     }
 
-    /// The kind as a metric label: the routing key when it names a template, else `other`, so
-    /// that whoever can publish cannot create unbounded series.
+    /// The kind as a metric label: the routing key when it names a template, else
+    /// [`OTHER_KIND`], so that whoever can publish cannot create unbounded series.
     fn kind_label(&self, delivery: &Delivery) -> String {
         let key = delivery.routing_key.as_str();
         if self.templates.current().contains(key) {
             key.to_owned()
         } else {
-            "other".to_owned()
+            OTHER_KIND.to_owned()
         }
     }
 

@@ -1,10 +1,14 @@
 //! Counters of what the worker did, shared by its tasks. Tests and `/metrics`
 //! ([`crate::http::metrics`]) read them; every settled delivery bumps a generation number that can be
 //! awaited.
+//!
+//! Sent, retried, dead-lettered and the SMTP duration are also counted per kind ([`KindStats`]).
+//! The kind is a label value, so it must come from a bounded set: the worker passes the kind only
+//! when a template of that name exists, and [`OTHER_KIND`] for anything else a publisher made up.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use tokio::sync::watch;
@@ -14,6 +18,29 @@ use crate::db::group::LedgerStats;
 
 /// Counts by label pair, for the few labelled counters.
 pub type LabelCounts = BTreeMap<(String, String), u64>;
+
+/// The kind label of a job whose kind names no template (or that is no job at all): one value
+/// for all of them, so that whoever can publish cannot create unbounded series.
+pub const OTHER_KIND: &str = "other";
+
+/// What the worker did with the jobs of one kind.
+#[derive(Debug)]
+pub struct KindStats {
+    pub sent: AtomicU64,
+    pub retried: AtomicU64,
+    /// Duration of each SMTP send of this kind, whatever its result.
+    pub smtp_latency: Histogram,
+}
+
+impl Default for KindStats {
+    fn default() -> Self {
+        KindStats {
+            sent: AtomicU64::new(0),
+            retried: AtomicU64::new(0),
+            smtp_latency: Histogram::new(SMTP_BUCKETS),
+        }
+    }
+}
 
 /// Counts since the worker started.
 #[derive(Debug)]
@@ -31,9 +58,11 @@ pub struct Stats {
     longest_session_wait_us: AtomicU64,
     /// Dead-lettered, by (kind, error class).
     dead_by: Mutex<LabelCounts>,
+    /// Sent, retried and SMTP durations by kind label.
+    by_kind: Mutex<BTreeMap<String, Arc<KindStats>>>,
     in_flight: AtomicI64,
-    /// Duration of each SMTP send, whatever its result.
-    pub smtp_latency: Histogram,
+    /// Whether the SMTP circuit breaker is open (set once the worker is built).
+    circuit: OnceLock<watch::Receiver<bool>>,
     /// Job `created_at` → SMTP accepted.
     pub end_to_end: Histogram,
     /// The claim ledger's group commits.
@@ -64,8 +93,9 @@ impl Default for Stats {
             given_back: AtomicU64::new(0),
             longest_session_wait_us: AtomicU64::new(0),
             dead_by: Mutex::default(),
+            by_kind: Mutex::default(),
             in_flight: AtomicI64::new(0),
-            smtp_latency: Histogram::new(SMTP_BUCKETS),
+            circuit: OnceLock::new(),
             end_to_end: Histogram::new(END_TO_END_BUCKETS),
             ledger: Arc::default(),
             settled: watch::channel(0).0,
@@ -95,6 +125,31 @@ impl Stats {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .clone()
+    }
+
+    /// The counters of kind label `kind` (a template's name or [`OTHER_KIND`]).
+    pub fn kind(&self, kind: &str) -> Arc<KindStats> {
+        let mut by = self.by_kind.lock().unwrap_or_else(|e| e.into_inner());
+        match by.get(kind) {
+            Some(k) => k.clone(),
+            None => by.entry(kind.to_owned()).or_default().clone(),
+        }
+    }
+
+    /// Every kind label counted so far, with its counters, in label order.
+    pub fn kinds(&self) -> Vec<(String, Arc<KindStats>)> {
+        let by = self.by_kind.lock().unwrap_or_else(|e| e.into_inner());
+        by.iter().map(|(k, v)| (k.clone(), v.clone())).collect()
+    }
+
+    /// Follows the SMTP circuit breaker's state (`true`: open).
+    pub(crate) fn follow_circuit(&self, open: watch::Receiver<bool>) {
+        let _ = self.circuit.set(open);
+    }
+
+    /// Whether the SMTP circuit is open; `None` before a worker follows it.
+    pub fn circuit_open(&self) -> Option<bool> {
+        self.circuit.get().map(|rx| *rx.borrow())
     }
 
     /// A delivery waited `wait` for its SMTP session.
@@ -189,6 +244,26 @@ pub struct WaitTimedOut {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn each_kind_label_has_its_own_counters_listed_in_label_order() {
+        let stats = Stats::default();
+        Stats::bump(&stats.kind("welcome").sent);
+        Stats::bump(&stats.kind(OTHER_KIND).retried);
+        Stats::bump(&stats.kind("welcome").sent);
+        let kinds: Vec<_> = stats
+            .kinds()
+            .into_iter()
+            .map(|(k, s)| {
+                (
+                    k,
+                    s.sent.load(Ordering::Relaxed),
+                    s.retried.load(Ordering::Relaxed),
+                )
+            })
+            .collect();
+        assert_eq!(kinds, [("other".into(), 0, 1), ("welcome".into(), 2, 0)]);
+    }
 
     #[tokio::test]
     async fn a_wait_whose_condition_never_holds_times_out_with_the_last_snapshot() {

@@ -1,8 +1,11 @@
-//! `/metrics` with real jobs: the counters move as jobs are sent, retried and dead-lettered, the
-//! relay's lag shows a waiting row, and the real `worker --metrics-addr` and `run` processes
+//! `/metrics` with real jobs: the counters move as jobs are sent, retried and dead-lettered (by
+//! kind, a made-up kind counted as `other`), the relay's lag and backlog show a waiting row, the
+//! queue depths come from the broker, and the real `worker --metrics-addr` and `run` processes
 //! serve them (the worker also reloading its templates on SIGHUP).
 
-use mailroom::http::metrics::Metrics;
+use std::sync::Arc;
+
+use mailroom::http::metrics::{Metrics, QueueDepths};
 
 use crate::helpers::*;
 
@@ -31,37 +34,53 @@ async fn metrics_count_jobs_as_they_are_sent_retried_and_dead_lettered() {
     let app = TestApp::spawn_with(&["--fail", "DATA:451:1"]).await;
     let (worker, live) = app.start_live_worker(&[]);
     let relay = app.start_relay(&[]);
+    let urls = app.amqp_url.parse().unwrap();
     let metrics = Metrics {
         worker: Some(worker.stats.clone()),
         relay: Some(relay.stats.clone()),
         templates: Some(live.clone()),
         db: Some(app.db.clone()),
+        queues: Some(Arc::new(QueueDepths::new(
+            urls,
+            app.topology.clone(),
+            "test depths",
+        ))),
     };
     let api = Api::start_with(&app, live.clone(), metrics).await;
     let text = scrape(&api).await;
-    assert_eq!(sample(&text, "mailroom_sent_total"), Some(0.0));
+    // Every template kind has its series before its first job.
+    assert_eq!(
+        sample(&text, "mailroom_sent_total{kind=\"welcome\"}"),
+        Some(0.0)
+    );
     assert_eq!(sample(&text, "mailroom_relay_lag_seconds"), Some(0.0));
+    assert_eq!(sample(&text, "mailroom_outbox_pending_rows"), Some(0.0));
     let revision = format!(
-        "mailroom_template_revision{{revision=\"{}\"}}",
+        "mailroom_template_info{{revision=\"{}\"}}",
         live.current().revision()
     );
     assert_eq!(sample(&text, &revision), Some(1.0));
+    assert_eq!(sample(&text, "mailroom_smtp_circuit_open"), Some(0.0));
 
     // Through the outbox: the first attempt meets a 451, is retried, then sent.
     app.enqueue(&app.email_job("m-1")).await.unwrap();
     // Not JSON at all: dead-lettered as invalid.
     app.publish_raw("welcome", "m-bad", b"not json").await;
+    // A kind no template has: counted as `other`, never under the name the publisher chose.
+    let mut made_up = app.job("m-made-up");
+    made_up["kind"] = "made-up-kind-7f3a".into();
+    app.publish(&made_up).await;
     worker
         .stats
-        .wait_until(|s| s.sent == 1 && s.dead_lettered == 1)
+        .wait_until(|s| s.sent == 1 && s.dead_lettered == 2)
         .await;
 
     let text = scrape(&api).await;
     // The broker's at-least-once dead-lettering out of a retry tier may hand a retried job back
     // twice: the copy is counted as received and skipped, so those two counters are bounds.
     let at_least = [
-        ("mailroom_received_total", 3.0),
-        ("mailroom_retried_total", 1.0),
+        ("mailroom_received_total", 4.0),
+        ("mailroom_retried_total{kind=\"welcome\"}", 1.0),
         // m-1: claim, record `failed`, claim, record `sent`; each in some group commit.
         ("mailroom_ledger_writes_total", 4.0),
         ("mailroom_ledger_groups_total", 1.0),
@@ -71,13 +90,20 @@ async fn metrics_count_jobs_as_they_are_sent_retried_and_dead_lettered() {
         assert!(value >= low, "{series} = {value} in\n{text}");
     }
     let expect = [
-        ("mailroom_sent_total", 1.0),
+        ("mailroom_sent_total{kind=\"welcome\"}", 1.0),
         (
             "mailroom_dead_lettered_total{kind=\"welcome\",class=\"invalid\"}",
             1.0,
         ),
+        (
+            "mailroom_dead_lettered_total{kind=\"other\",class=\"invalid\"}",
+            1.0,
+        ),
         ("mailroom_in_flight", 0.0),
-        ("mailroom_smtp_duration_seconds_count", 2.0),
+        (
+            "mailroom_smtp_duration_seconds_count{kind=\"welcome\"}",
+            2.0,
+        ),
         ("mailroom_end_to_end_seconds_count", 1.0),
         ("mailroom_relay_published_total", 1.0),
         ("mailroom_relay_refused_total", 0.0),
@@ -87,6 +113,27 @@ async fn metrics_count_jobs_as_they_are_sent_retried_and_dead_lettered() {
     for (series, value) in expect {
         assert_eq!(sample(&text, series), Some(value), "{series} in\n{text}");
     }
+    assert!(!text.contains("made-up-kind"), "{text}");
+    // The broker's counts: nothing waits, the worker consumes, two dead letters.
+    assert_eq!(
+        sample(&text, "mailroom_queue_messages{queue=\"work\"}"),
+        Some(0.0)
+    );
+    assert_eq!(
+        sample(&text, "mailroom_queue_consumers{queue=\"work\"}"),
+        Some(1.0)
+    );
+    assert_eq!(
+        sample(&text, "mailroom_queue_messages{queue=\"dead\"}"),
+        Some(2.0)
+    );
+    assert_eq!(
+        sample(
+            &text,
+            "mailroom_queue_messages{queue=\"retry\",tier=\"200ms\"}"
+        ),
+        Some(0.0)
+    );
     relay.stop().await;
 
     // With the relay stopped, a row waiting for a minute shows as lag.
@@ -100,8 +147,11 @@ async fn metrics_count_jobs_as_they_are_sent_retried_and_dead_lettered() {
         }
     })
     .await;
-    let lag = sample(&scrape(&api).await, "mailroom_relay_lag_seconds").unwrap();
+    let text = scrape(&api).await;
+    let lag = sample(&text, "mailroom_relay_lag_seconds").unwrap();
     assert!((60.0..120.0).contains(&lag), "{lag}");
+    assert_eq!(sample(&text, "mailroom_outbox_pending_rows"), Some(1.0));
+    assert_eq!(sample(&text, "mailroom_outbox_parked_rows"), Some(0.0));
     worker.stop().await;
 }
 
@@ -157,7 +207,8 @@ async fn a_worker_process_serves_metrics_on_its_own_address_and_reloads_on_sighu
     let got = app.smtp.wait_for(1).await;
     assert_eq!(subject(&got[0]), "Reloaded on SIGHUP, Ada");
     eventually("sent counted", || async {
-        (sample(&scrape().await?, "mailroom_sent_total") == Some(1.0)).then_some(())
+        let series = "mailroom_sent_total{kind=\"welcome\"}";
+        (sample(&scrape().await?, series) == Some(1.0)).then_some(())
     })
     .await;
     terminate(&worker).await;
@@ -191,7 +242,7 @@ async fn mailroom_run_reports_worker_and_relay_counters_on_its_http_metrics() {
             .await
             .ok()?;
         let text = resp.text().await.ok()?;
-        (sample(&text, "mailroom_sent_total") == Some(1.0)).then_some(text)
+        (sample(&text, "mailroom_sent_total{kind=\"welcome\"}") == Some(1.0)).then_some(text)
     })
     .await;
     assert_eq!(sample(&text, "mailroom_relay_published_total"), Some(1.0));

@@ -1,0 +1,157 @@
+//! The worker's section of `/metrics`: deliveries by result (sent and retried by kind), dead
+//! letters by kind and class, the gauges (in flight, session wait, the SMTP circuit), the claim
+//! ledger's group commits and the two latency histograms.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use super::text::{counter, gauge, header, histogram_samples, sample};
+use crate::worker::{KindStats, Stats};
+
+/// Writes the worker's section. `kinds` are the template kinds: each gets its `sent` and
+/// `retried` series at 0 before its first job, so a rate over them starts at the first scrape.
+pub fn write(out: &mut String, w: &Stats, kinds: &[String]) {
+    counter(
+        out,
+        "mailroom_received_total",
+        "Deliveries taken from the work queue.",
+        w.received.load(Ordering::Relaxed),
+    );
+    by_kind(out, w, kinds);
+    counter(
+        out,
+        "mailroom_duplicates_skipped_total",
+        "Deliveries of jobs already sent or dead, acknowledged without sending.",
+        w.duplicates.load(Ordering::Relaxed),
+    );
+    dead_lettered(out, w);
+    unsettled(out, w);
+    gauges(out, w);
+    ledger(out, w);
+    latencies(out, w);
+}
+
+/// `mailroom_sent_total` and `mailroom_retried_total`, by kind.
+fn by_kind(out: &mut String, w: &Stats, kinds: &[String]) {
+    let mut all: BTreeMap<String, Arc<KindStats>> = w.kinds().into_iter().collect();
+    for kind in kinds {
+        all.entry(kind.clone()).or_default();
+    }
+    type Pick = fn(&KindStats) -> &AtomicU64;
+    let families: [(&str, &str, Pick); 2] = [
+        (
+            "mailroom_sent_total",
+            "Emails the SMTP server accepted and the ledger recorded, by kind.",
+            |s| &s.sent,
+        ),
+        (
+            "mailroom_retried_total",
+            "Deliveries republished to a retry tier, by kind.",
+            |s| &s.retried,
+        ),
+    ];
+    for (name, help, pick) in families {
+        header(out, name, "counter", help);
+        for (kind, s) in &all {
+            sample(
+                out,
+                name,
+                &[("kind", kind)],
+                pick(s).load(Ordering::Relaxed),
+            );
+        }
+    }
+}
+
+/// Dead letters by kind and error class.
+fn dead_lettered(out: &mut String, w: &Stats) {
+    let name = "mailroom_dead_lettered_total";
+    header(
+        out,
+        name,
+        "counter",
+        "Jobs dead-lettered, by kind and error class.",
+    );
+    for ((kind, class), n) in w.dead_lettered_by() {
+        sample(out, name, &[("kind", &kind), ("class", &class)], n);
+    }
+}
+
+/// Settles the broker may have missed, and claims given back unused.
+fn unsettled(out: &mut String, w: &Stats) {
+    counter(
+        out,
+        "mailroom_unsettled_total",
+        "Acks or rejects the broker may not have seen (it redelivers them).",
+        w.unsettled.load(Ordering::Relaxed),
+    );
+    counter(
+        out,
+        "mailroom_claims_given_back_total",
+        "Claims given back unused: their lease could no longer cover a whole send and its record.",
+        w.given_back.load(Ordering::Relaxed),
+    );
+}
+
+/// The longest wait for an SMTP session, the deliveries in flight and the SMTP circuit.
+fn gauges(out: &mut String, w: &Stats) {
+    gauge(
+        out,
+        "mailroom_smtp_session_wait_max_seconds",
+        "Longest wait of a delivery for an SMTP session (the pool's cap), before its claim.",
+        w.longest_session_wait().as_secs_f64(),
+    );
+    gauge(
+        out,
+        "mailroom_in_flight",
+        "Deliveries being processed now.",
+        w.in_flight(),
+    );
+    if let Some(open) = w.circuit_open() {
+        gauge(
+            out,
+            "mailroom_smtp_circuit_open",
+            "1 while the SMTP circuit breaker is open (the server unreachable; consumption paused).",
+            u8::from(open),
+        );
+    }
+}
+
+/// The claim ledger's group commits.
+fn ledger(out: &mut String, w: &Stats) {
+    let l = &w.ledger;
+    for (name, help, value) in [
+        (
+            "mailroom_ledger_groups_total",
+            "Group commits of the claim ledger (claims and records of concurrent deliveries).",
+            &l.groups,
+        ),
+        (
+            "mailroom_ledger_writes_total",
+            "Claims and records written in group commits; divided by groups, the mean group size.",
+            &l.writes,
+        ),
+        (
+            "mailroom_ledger_split_total",
+            "Groups that failed on a statement and were written one by one.",
+            &l.split,
+        ),
+    ] {
+        counter(out, name, help, value.load(Ordering::Relaxed));
+    }
+}
+
+/// SMTP durations by kind, and the end-to-end latency.
+fn latencies(out: &mut String, w: &Stats) {
+    let name = "mailroom_smtp_duration_seconds";
+    let help = "Duration of one SMTP send, whatever its result, by kind.";
+    header(out, name, "histogram", help);
+    for (kind, s) in w.kinds() {
+        histogram_samples(out, name, &[("kind", &kind)], &s.smtp_latency);
+    }
+    let name = "mailroom_end_to_end_seconds";
+    let help = "From the job's created_at (outbox commit) to SMTP accepted.";
+    header(out, name, "histogram", help);
+    histogram_samples(out, name, &[], &w.end_to_end);
+}
