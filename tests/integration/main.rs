@@ -16,6 +16,7 @@ mod disruptive;
 mod dlq;
 mod doors;
 mod failures;
+mod first_contact;
 mod hostile;
 mod http;
 mod http_dlq;
