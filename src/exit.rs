@@ -11,7 +11,8 @@
 //!
 //! A caller marks an error with [`Fatal`] where it knows the class; anything unmarked is a
 //! runtime failure. [`one_line`] joins an error's causes once each, so a library that repeats
-//! its source in its own message is not printed twice.
+//! its source in its own message is not printed twice (and a database error without the C
+//! source line PostgreSQL appends).
 
 use std::fmt::Write as _;
 
@@ -63,17 +64,29 @@ pub fn code_of(error: &anyhow::Error) -> Code {
 pub fn one_line(error: &anyhow::Error) -> String {
     let mut line = String::new();
     for cause in error.chain() {
-        let text = cause.to_string();
+        let (text, last) = cause_text(cause);
         let text = text.trim();
-        if text.is_empty() || line.contains(text) {
-            continue;
+        if !text.is_empty() && !line.contains(text) {
+            if !line.is_empty() {
+                line.push_str(": ");
+            }
+            let _ = write!(line, "{text}");
         }
-        if !line.is_empty() {
-            line.push_str(": ");
+        if last {
+            break;
         }
-        let _ = write!(line, "{text}");
     }
     line.replace('\n', " ")
+}
+
+/// One cause's own text, and whether it says all its sources say: an error the database
+/// returned is its message alone, without its source, which repeats it with the line of the
+/// server's C code that PostgreSQL appends (`… at line 334`).
+fn cause_text(cause: &(dyn std::error::Error + 'static)) -> (String, bool) {
+    match cause.downcast_ref::<sqlx::Error>() {
+        Some(sqlx::Error::Database(db)) => (db.message().to_string(), true),
+        _ => (cause.to_string(), false),
+    }
 }
 
 /// What `mailroom` prints on stderr when it fails: `error: ` and [`one_line`], the prefix in

@@ -200,7 +200,7 @@ impl Relay {
                 Ok(()) => break,
                 Err(e) => {
                     let (ended, wait) = reconnect.next_wait();
-                    let error = format!("{e:#}");
+                    let error = crate::exit::one_line(&e);
                     match ended {
                         broker::Ended::NeverStarted => {
                             tracing::warn!(error, retry_in = ?wait, "relay cannot start a session; retrying")

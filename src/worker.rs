@@ -296,7 +296,7 @@ struct BrokerSession {
 /// Logs the end of a broker session: a warning while none could start (the broker is down or
 /// refuses), an error when one that ran failed.
 fn log_session_end(ended: broker::Ended, e: &anyhow::Error, wait: Duration) {
-    let error = format!("{e:#}");
+    let error = crate::exit::one_line(e);
     match ended {
         broker::Ended::NeverStarted => {
             tracing::warn!(error, retry_in = ?wait, "cannot start a broker session; retrying")

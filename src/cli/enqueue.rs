@@ -20,6 +20,7 @@ impl EnqueueArgs {
         let admitted = self.job.admitted()?;
         let job = admitted.job();
         let db = Database::connect(&self.db.database_url, 1, OnAcquire::Ping).await?;
+        db.require_schema().await?;
         let done = db.enqueue_admitted(&admitted).await?;
         match done {
             Enqueued::New(id) => println!("{} queued (outbox id {id})", job.job_id),

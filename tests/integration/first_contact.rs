@@ -124,7 +124,7 @@ async fn run_process(app: &TestApp, command: &str) -> CliOutput {
 }
 
 #[tokio::test]
-async fn every_process_refuses_a_database_without_the_schema_naming_migrate() {
+async fn every_process_and_status_refuse_a_database_without_the_schema_naming_migrate() {
     let app = TestApp::spawn().await;
     app.execute("DROP TABLE _sqlx_migrations").await;
     for command in ["relay", "worker", "serve", "run"] {
@@ -138,6 +138,13 @@ async fn every_process_refuses_a_database_without_the_schema_naming_migrate() {
             lines[0]
         );
     }
+    let status = app.cli_output(&["status", "some-job"]).await;
+    assert_eq!(code(&status), 69, "{}", status.stderr);
+    assert!(
+        status.stderr.contains("run `mailroom migrate`"),
+        "{}",
+        status.stderr
+    );
 }
 
 #[tokio::test]
