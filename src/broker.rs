@@ -12,21 +12,23 @@
 
 use std::time::Duration;
 
+mod connect;
 mod publisher;
 
+pub use connect::{
+    Ended, HEALTHY_AFTER, RECONNECT_MAX, RECONNECT_MIN, Reconnect, connect, reconnect_backoff,
+    refusal,
+};
 pub use publisher::{Publisher, wait_while_blocked};
 
 use lapin::{
-    BasicProperties, Channel, Confirmation, Connection, ConnectionProperties, ConnectionStatus,
-    ExchangeKind,
+    BasicProperties, Channel, Confirmation, Connection, ConnectionStatus, ExchangeKind,
     options::{
         BasicPublishOptions, ConfirmSelectOptions, ExchangeDeclareOptions, QueueBindOptions,
         QueueDeclareOptions,
     },
     types::{AMQPValue, FieldTable, LongString, ShortString},
 };
-
-use crate::config::UrlList;
 
 /// How many times the broker may deliver one message before dead-lettering it: the guard
 /// against a job that crashes every worker that takes it. Connection losses count too on
@@ -98,40 +100,6 @@ impl Topology {
             .or_else(|| self.retry_delays.last().copied())
             .unwrap_or(Duration::from_secs(5))
     }
-}
-
-/// First wait before reconnecting after a lost session; doubled up to [`RECONNECT_MAX`].
-pub const RECONNECT_MIN: Duration = Duration::from_millis(200);
-/// Longest wait between reconnect attempts: short enough to resume soon after a broker restart.
-pub const RECONNECT_MAX: Duration = Duration::from_secs(10);
-
-/// The reconnect schedule of every long-running process: capped exponential with jitter, reset
-/// by the caller after each successful connection.
-pub fn reconnect_backoff() -> backon::ExponentialBackoff {
-    use backon::BackoffBuilder;
-    backon::ExponentialBuilder::default()
-        .with_min_delay(RECONNECT_MIN)
-        .with_max_delay(RECONNECT_MAX)
-        .with_jitter()
-        .without_max_times()
-        .build()
-}
-
-/// Connects to the first reachable node of `urls`, naming the connection after `name` so
-/// operators see which process it is in the management UI and `rabbitmqctl`.
-pub async fn connect(urls: &UrlList, name: &str) -> anyhow::Result<Connection> {
-    let mut last = None;
-    for url in &urls.0 {
-        let props = ConnectionProperties::default().with_connection_name(name.into());
-        match Connection::connect(url.expose(), props).await {
-            Ok(conn) => return Ok(conn),
-            Err(e) => {
-                tracing::warn!(node = %url, error = %e, "cannot connect to RabbitMQ node");
-                last = Some(anyhow::anyhow!("connecting to RabbitMQ at {url}: {e}"));
-            }
-        }
-    }
-    Err(last.unwrap_or_else(|| anyhow::anyhow!("no AMQP_URL given")))
 }
 
 fn table(entries: &[(&str, AMQPValue)]) -> FieldTable {

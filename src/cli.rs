@@ -21,7 +21,7 @@ mod worker;
 
 use crate::broker::Topology;
 use crate::config::{self, Delays, SecretUrl, UrlList};
-use crate::db::Database;
+use crate::db::{Database, OnAcquire};
 use crate::dlq::seal::ReplayKey;
 use crate::startup::BrokerConfig;
 use crate::telemetry::LogFormat;
@@ -123,7 +123,7 @@ impl Cli {
     pub async fn run(self) -> anyhow::Result<()> {
         match self.command {
             Command::Migrate(args) => {
-                let db = Database::connect_lazy(&args.database_url, 1)?;
+                let db = Database::connect(&args.database_url, 1, OnAcquire::Ping).await?;
                 db.migrate().await?;
                 db.close().await;
                 tracing::info!("migrations applied");

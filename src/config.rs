@@ -8,11 +8,12 @@
 //! | `SMTP_URL` | `smtp://`, `smtps://`, `smtp://…?tls=required`, with credentials (only over `smtps://` or `tls=required`, or on loopback); `file:///dir` |
 //! | `MAILROOM_NAMESPACE` | prefix of every exchange and queue name (`mailroom`) |
 //! | `MAILROOM_TEMPLATES` | template directory |
-//! | `MAILROOM_FROM` | sender mailbox |
+//! | `MAILROOM_FROM` | sender mailbox, an address such as `Shop <shop@example.com>` |
+//! | `MAILROOM_ALLOW_PLAIN_SMTP` | `true`: allow a plain `smtp://` URL to a host that is not loopback (a relay on a private network) |
 //! | `MAILROOM_MESSAGE_ID_DOMAIN` | right-hand side of the Message-ID |
 //! | `MAILROOM_ON_UNCERTAIN` | `resend` or `dead-letter` |
 //! | `MAILROOM_LEASE`, `MAILROOM_SMTP_TIMEOUT`, `MAILROOM_RETRY_DELAYS`, `MAILROOM_MAX_ATTEMPTS` | see `mailroom worker --help` |
-//! | `MAILROOM_CONCURRENCY`, `MAILROOM_PREFETCH`, `MAILROOM_SMTP_CONNECTIONS`, `MAILROOM_SHUTDOWN_GRACE` | see `mailroom worker --help` |
+//! | `MAILROOM_CONCURRENCY`, `MAILROOM_PREFETCH`, `MAILROOM_SMTP_CONNECTIONS`, `MAILROOM_SHUTDOWN_GRACE` | see `mailroom worker --help`; the prefetch is at least the concurrency (default twice it) |
 //! | `MAILROOM_TEMPLATE_RELOAD_INTERVAL` | how often `worker`, `run` and `serve` check the template directory for edits |
 //! | `MAILROOM_METRICS_ADDR` | an own `/metrics` listener for `worker` or `relay` |
 //! | `MAILROOM_REPLAY_KEY` | seals replayed dead letters (default: a random key kept in the database) |
@@ -25,7 +26,10 @@ use std::fmt;
 use std::str::FromStr;
 use std::time::Duration;
 
+use lettre::message::Mailbox;
 use url::Url;
+
+use crate::exit::Fatal;
 
 /// A URL that may carry credentials. Formatting masks the password and every secret query
 /// parameter ([`is_secret_key`]); only [`SecretUrl::expose`] gives the full text, for the one
@@ -185,9 +189,103 @@ pub fn is_loopback(host: &str) -> bool {
             .is_ok_and(|ip| ip.is_loopback())
 }
 
+/// Parses the sender mailbox (`--from`): `shop@example.com` or `Shop <shop@example.com>`.
+pub fn parse_from(s: &str) -> Result<Mailbox, String> {
+    s.trim().parse().map_err(|_| {
+        format!(
+            "{s:?} is not an email address: --from must be an email address such as \
+             `Shop <shop@example.com>` or `shop@example.com`"
+        )
+    })
+}
+
+/// Refuses a plain `smtp://` URL (no `tls=`, or `tls=none`) to a host that is not loopback,
+/// where every email would cross the network readable: unless `allow_plain` (a relay on a
+/// private network, said with `--allow-plain-smtp`).
+pub fn check_smtp_url(url: &SecretUrl, allow_plain: bool) -> Result<(), Fatal> {
+    let u = url.url();
+    let tls = u.query_pairs().find(|(k, _)| k == "tls").map(|(_, v)| v);
+    let plain = u.scheme() == "smtp" && tls.as_deref().is_none_or(|t| t == "none");
+    let host = u.host_str().unwrap_or_default();
+    if !plain || allow_plain || is_loopback(host) {
+        return Ok(());
+    }
+    Err(Fatal::Config(format!(
+        "SMTP_URL {url} is plain text to {host}, which is not loopback: use smtps:// or \
+         ?tls=required, or pass --allow-plain-smtp (MAILROOM_ALLOW_PLAIN_SMTP=true) for a relay \
+         on a network you trust"
+    )))
+}
+
+/// The prefetch a worker uses: `prefetch` when given (at least `concurrency`, or slots would
+/// sit idle waiting for deliveries the broker never sends ahead), else twice `concurrency`.
+pub fn prefetch_for(concurrency: usize, prefetch: Option<u16>) -> Result<u16, Fatal> {
+    let concurrency16 = u16::try_from(concurrency).unwrap_or(u16::MAX);
+    match prefetch {
+        None => Ok(concurrency16.saturating_mul(2)),
+        Some(p) if p >= concurrency16 => Ok(p),
+        Some(p) => Err(Fatal::Config(format!(
+            "--prefetch {p} is below --concurrency {concurrency}: RabbitMQ would send at most {p} \
+             deliveries ahead and {} slots would stay idle; raise --prefetch to at least \
+             {concurrency}, or lower --concurrency to {p}",
+            concurrency - usize::from(p)
+        ))),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_from_without_an_address_says_what_one_looks_like() {
+        let e = parse_from("Shop").unwrap_err();
+        assert!(
+            e.contains("--from must be an email address such as `Shop <shop@example.com>`"),
+            "{e}"
+        );
+        assert_eq!(
+            parse_from("Shop <shop@example.com>")
+                .unwrap()
+                .email
+                .to_string(),
+            "shop@example.com"
+        );
+    }
+
+    #[test]
+    fn plain_smtp_is_allowed_on_loopback_only_unless_opted_out() {
+        let url = |s: &str| s.parse::<SecretUrl>().unwrap();
+        for ok in [
+            "smtp://127.0.0.1:2525",
+            "smtp://localhost",
+            "smtp://[::1]:25",
+            "smtps://mail.example",
+            "smtp://mail.example:587?tls=required",
+            "smtp://mail.example:587?tls=opportunistic",
+            "file:///tmp/mail",
+        ] {
+            assert!(check_smtp_url(&url(ok), false).is_ok(), "{ok}");
+        }
+        for plain in ["smtp://mail.example:25", "smtp://10.0.0.7?tls=none"] {
+            let e = check_smtp_url(&url(plain), false).unwrap_err();
+            assert!(matches!(e, Fatal::Config(_)), "{plain}");
+            assert!(e.to_string().contains("--allow-plain-smtp"), "{e}");
+            assert!(check_smtp_url(&url(plain), true).is_ok(), "{plain}");
+        }
+    }
+
+    #[test]
+    fn prefetch_defaults_to_twice_the_concurrency_and_is_never_below_it() {
+        assert_eq!(prefetch_for(32, None).unwrap(), 64);
+        assert_eq!(prefetch_for(8, Some(8)).unwrap(), 8);
+        assert_eq!(prefetch_for(40_000, None).unwrap(), u16::MAX);
+        let e = prefetch_for(32, Some(4)).unwrap_err().to_string();
+        assert!(
+            e.starts_with("--prefetch 4 is below --concurrency 32"),
+            "{e}"
+        );
+    }
 
     #[test]
     fn secret_url_never_formats_its_password() {

@@ -15,7 +15,10 @@
 //! - `outbox`: the transactional outbox (`mailroom_outbox`): enqueue, and the relay's batches.
 //! - `refused`: `dead`/`invalid` rows for jobs refused past the doors, and stored payloads.
 //! - `secrets`: values mailroom's processes share (the replay key).
+//! - `connect`: the first contact (one connection whose failure is told plainly) and the
+//!   schema version against the migrations built into the binary.
 
+mod connect;
 pub mod group;
 pub mod ledger;
 mod mysql;
@@ -33,6 +36,9 @@ use sqlx::mysql::{MySqlConnectOptions, MySqlPool, MySqlPoolOptions};
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 
 use crate::config::SecretUrl;
+use crate::exit::Fatal;
+
+pub use connect::{Schema, Server, judge_schema, refusal, sqlx_text};
 
 pub use ledger::{
     Claim, ClaimRequest, ExistingClaim, LedgerStatus, Notification, Record, Refusal, judge_refusal,
@@ -89,9 +95,10 @@ impl Engine {
         match url.scheme() {
             "postgres" | "postgresql" => Ok(Engine::Postgres),
             "mysql" | "mariadb" => Ok(Engine::MySql),
-            other => anyhow::bail!(
+            other => Err(Fatal::Config(format!(
                 "DATABASE_URL {url}: unsupported scheme `{other}` (expected postgres:// or mysql://)"
-            ),
+            ))
+            .into()),
         }
     }
 }
@@ -128,6 +135,19 @@ impl Database {
         })
     }
 
+    /// [`Database::connect_lazy_with`], after one connection opened at once
+    /// ([`Database::verify`]): a database that is down or refuses the login fails here, in
+    /// one sentence, not at the first query after the pool's acquire timeout.
+    pub async fn connect(
+        url: &SecretUrl,
+        max_connections: u32,
+        on_acquire: OnAcquire,
+    ) -> anyhow::Result<Database> {
+        let db = Database::connect_lazy_with(url, max_connections, on_acquire)?;
+        db.verify().await?;
+        Ok(db)
+    }
+
     /// The engine of this pool.
     pub fn engine(&self) -> Engine {
         match self {
@@ -136,19 +156,27 @@ impl Database {
         }
     }
 
-    /// Applies the migrations of this engine.
+    /// Applies the migrations of this engine; refuses a database a newer mailroom migrated.
     pub async fn migrate(&self) -> anyhow::Result<()> {
-        match self {
-            Database::Postgres(pool) => sqlx::migrate!("./migrations/postgres")
-                .run(pool)
-                .await
-                .context("applying PostgreSQL migrations")?,
-            Database::MySql(pool) => sqlx::migrate!("./migrations/mysql")
-                .run(pool)
-                .await
-                .context("applying MySQL/MariaDB migrations")?,
+        let server = self.server();
+        let at = format!("the database {} at {}", server.database, server.addr);
+        if let Schema::Newer(unknown) = self.schema().await.map_err(|e| sqlx_error(&e))? {
+            return Err(connect::newer_schema(&at, &unknown).into());
         }
-        Ok(())
+        let migrator = connect::migrator(self.engine());
+        let applied = match self {
+            Database::Postgres(pool) => migrator.run(pool).await,
+            Database::MySql(pool) => migrator.run(pool).await,
+        };
+        applied
+            .map_err(|e| match e {
+                sqlx::migrate::MigrateError::Execute(e) => sqlx_error(&e),
+                sqlx::migrate::MigrateError::ExecuteMigration(e, version) => {
+                    anyhow::anyhow!("migration {version}: {}", sqlx_text(&e))
+                }
+                other => anyhow::anyhow!("{other}"),
+            })
+            .with_context(|| format!("applying {} migrations to {at}", server.engine))
     }
 
     /// One round trip to the database, for readiness probes.
@@ -168,12 +196,17 @@ impl Database {
     }
 }
 
+/// An sqlx error as one line, without the server's source line number.
+fn sqlx_error(e: &sqlx::Error) -> anyhow::Error {
+    anyhow::anyhow!(sqlx_text(e))
+}
+
 /// A lazy PostgreSQL pool: every session named `mailroom`, with a statement timeout.
 fn pg_pool(url: &SecretUrl, max_connections: u32, on_acquire: OnAcquire) -> anyhow::Result<PgPool> {
     let options: PgConnectOptions = url
         .expose()
         .parse()
-        .with_context(|| format!("invalid DATABASE_URL {url}"))?;
+        .map_err(|e| Fatal::Config(format!("invalid DATABASE_URL {url}: {e}")))?;
     let options = options
         .application_name("mailroom")
         .options([("statement_timeout", STATEMENT_TIMEOUT)]);
@@ -198,7 +231,7 @@ fn mysql_pool(
     }
     let options: MySqlConnectOptions = exposed
         .parse()
-        .with_context(|| format!("invalid DATABASE_URL {url}"))?;
+        .map_err(|e| Fatal::Config(format!("invalid DATABASE_URL {url}: {e}")))?;
     // Session time zone UTC (sqlx's default, stated here because DATETIME values are
     // read as UTC), utf8mb4.
     let options = options.timezone(Some("+00:00".to_string()));

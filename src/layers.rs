@@ -7,7 +7,10 @@ use std::path::{Path, PathBuf};
 
 /// Top-level modules by layer, lowest first (see docs/ARCHITECTURE.md, "Layers").
 const LAYERS: &[(&str, &[&str])] = &[
-    ("cross-cutting", &["failpoint", "telemetry", "shutdown"]),
+    (
+        "cross-cutting",
+        &["failpoint", "telemetry", "shutdown", "exit"],
+    ),
     ("core", &["config", "job", "door", "render"]),
     ("adapters", &["db", "broker", "smtp"]),
     ("loops", &["relay", "worker", "dlq", "status"]),

@@ -13,7 +13,7 @@
 //! - [`dlq`]: the dead-letter queue: list, show, replay, purge;
 //! - [`http`], [`status`]: the HTTP API and `/metrics`, a job's state;
 //! - [`startup`]: each process (worker, relay, HTTP API, all three) built from its settings;
-//! - [`config`], [`cli`], [`telemetry`], [`shutdown`]: the process around them;
+//! - [`config`], [`cli`], [`telemetry`], [`shutdown`], [`exit`]: the process around them;
 //! - [`failpoint`]: crash points for the fault tests.
 
 pub mod broker;
@@ -22,6 +22,7 @@ pub mod config;
 pub mod db;
 pub mod dlq;
 pub mod door;
+pub mod exit;
 pub mod failpoint;
 pub mod http;
 pub mod job;

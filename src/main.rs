@@ -1,6 +1,9 @@
-//! The `mailroom` binary: parse the command line, start logging, run the command.
+//! The `mailroom` binary: parse the command line, start logging, run the command. A failure is
+//! printed once, as one line on stderr, and ends the process with the exit code of its class
+//! ([`mailroom::exit`]).
 
 use clap::Parser;
+use mailroom::exit;
 
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
@@ -10,9 +13,9 @@ async fn main() -> std::process::ExitCode {
     match cli.run().await {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
-            tracing::error!(error = format!("{e:#}"), "mailroom failed");
-            eprintln!("mailroom: {e:#}");
-            std::process::ExitCode::FAILURE
+            // Not through the logger: one plain line, whatever the log format and level.
+            eprintln!("{}", exit::report(&e, exit::colour_on_stderr()));
+            std::process::ExitCode::from(exit::code_of(&e) as u8)
         }
     }
 }

@@ -112,6 +112,8 @@ pub struct RelayStats {
     pub woken: AtomicU64,
     /// Rescans after the wake-up source reconnected.
     pub resumed: AtomicU64,
+    /// Sessions started (broker connected, wake-up source open).
+    pub sessions: AtomicU64,
     /// The [`WakeupMode`] of the current session.
     pub wakeup_mode: AtomicU8,
 }
@@ -200,17 +202,25 @@ impl Relay {
     }
 
     /// Relays until `shutdown` is cancelled, reconnecting to the broker and the database with
-    /// capped exponential backoff.
+    /// capped exponential backoff ([`broker::Reconnect`]: reset only after a healthy session).
     pub async fn run(self, shutdown: CancellationToken) -> anyhow::Result<()> {
-        let mut backoff = broker::reconnect_backoff();
+        let mut reconnect = broker::Reconnect::default();
         while !shutdown.is_cancelled() {
-            let ended = self.session(&shutdown, &mut backoff).await;
+            let ended = self.session(&shutdown, &mut reconnect).await;
             self.live.send_replace(None);
             match ended {
                 Ok(()) => break,
                 Err(e) => {
-                    let wait = backoff.next().unwrap_or(broker::RECONNECT_MAX);
-                    tracing::error!(error = format!("{e:#}"), retry_in = ?wait, "relay session ended; reconnecting");
+                    let (ended, wait) = reconnect.next_wait();
+                    let error = crate::exit::one_line(&e);
+                    match ended {
+                        broker::Ended::NeverStarted => {
+                            tracing::warn!(error, retry_in = ?wait, "relay cannot start a session; retrying")
+                        }
+                        _ => {
+                            tracing::error!(error, retry_in = ?wait, "relay session ended; reconnecting")
+                        }
+                    }
                     tokio::select! {
                         _ = tokio::time::sleep(wait) => {}
                         _ = shutdown.cancelled() => break,
@@ -227,7 +237,7 @@ impl Relay {
     async fn session(
         &self,
         shutdown: &CancellationToken,
-        backoff: &mut backon::ExponentialBackoff,
+        reconnect: &mut broker::Reconnect,
     ) -> anyhow::Result<()> {
         let s = &self.settings;
         let conn = broker::connect(&s.amqp, &s.name).await?;
@@ -240,7 +250,8 @@ impl Relay {
             .store(wakeup.mode() as u8, Ordering::Relaxed);
         let mut poll = AdaptivePoll::new(s.poll_min, wakeup.ceiling(s));
         self.live.send_replace(Some(conn.status().clone()));
-        *backoff = broker::reconnect_backoff();
+        reconnect.started();
+        self.stats.sessions.fetch_add(1, Ordering::Relaxed);
         tracing::info!(exchange = %s.topology.exchange, wakeup = wakeup.mode().as_str(), "relaying");
         let (every_min, every_max) = RETENTION_EVERY;
         let mut retention = tokio::time::interval((s.retention / 2).clamp(every_min, every_max));

@@ -7,8 +7,15 @@
 //! - [`RelayConfig`] → [`build_relay`], [`run_relay`]: `mailroom relay`;
 //! - [`ServeConfig`] → [`run_serve`]: `mailroom serve`, the HTTP API;
 //! - [`RunConfig`] → [`run_all`]: `mailroom run`, relay, worker and HTTP API in one process;
-//! - here, what they share: the broker settings, loading and following the template directory,
-//!   and the optional `/metrics` (and `/readyz`) listener of a process without the HTTP API.
+//! - here, what they share: the first contact with the database and the broker
+//!   ([`check_database`], [`check_broker`]), the broker settings, loading and following the
+//!   template directory, and the optional `/metrics` (and `/readyz`) listener of a process
+//!   without the HTTP API.
+//!
+//! Every `run_*` checks its database first: reachable, taking the login, and carrying the
+//! schema of this binary's migrations; else the process ends at once with one line that says
+//! why (exit 69 or 78, [`crate::exit`]). A broker that refuses the login ends it too; a broker
+//! that is down does not: the session loops wait for it.
 
 mod relay;
 mod run;
@@ -25,8 +32,10 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::broker::Topology;
-use crate::config::{Delays, UrlList};
+use crate::config::{Delays, SecretUrl, UrlList};
+use crate::db::Database;
 use crate::dlq::seal::ReplayKey;
+use crate::exit::{self, Code};
 use crate::http::Readiness;
 use crate::http::metrics::{Metrics, QueueDepths};
 use crate::render::{LiveTemplates, Templates};
@@ -52,6 +61,37 @@ pub struct BrokerConfig {
 impl BrokerConfig {
     pub fn topology(&self) -> Topology {
         Topology::new(&self.namespace, self.retry_delays.0.clone())
+    }
+}
+
+/// The first contact with the database: one connection at once (a refusal says where and
+/// why), then the schema against this binary's migrations (none, behind: run `mailroom
+/// migrate`; newer: refused).
+pub async fn check_database(url: &SecretUrl) -> anyhow::Result<()> {
+    let db = Database::connect_lazy(url, 1)?;
+    db.verify().await?;
+    let schema = db.require_schema().await;
+    db.close().await;
+    Ok(schema?)
+}
+
+/// The first contact with the broker: a refused login or virtual host ends the start (the
+/// configuration is wrong); a broker that cannot be reached is logged and left to the session
+/// loop, which waits for it.
+pub async fn check_broker(urls: &UrlList, name: &str) -> anyhow::Result<()> {
+    match crate::broker::connect(urls, &format!("{name} (startup check)")).await {
+        Ok(conn) => {
+            let _ = conn.close(200, "startup check".into()).await;
+            Ok(())
+        }
+        Err(e) if exit::code_of(&e) == Code::Config => Err(e),
+        Err(e) => {
+            tracing::warn!(
+                error = exit::one_line(&e),
+                "RabbitMQ is not reachable yet; waiting for it"
+            );
+            Ok(())
+        }
     }
 }
 

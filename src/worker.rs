@@ -140,17 +140,17 @@ impl Worker {
         let worker = Arc::new(self);
         let slots = Arc::new(Semaphore::new(worker.settings.concurrency.max(1)));
         let tracker = TaskTracker::new();
-        let mut backoff = broker::reconnect_backoff();
+        let mut reconnect = broker::Reconnect::default();
         while !shutdown.is_cancelled() {
             let ended = worker
-                .session(&slots, &tracker, &shutdown, &mut backoff)
+                .session(&slots, &tracker, &shutdown, &mut reconnect)
                 .await;
             worker.live.send_replace(None);
             match ended {
                 Ok(()) => break,
                 Err(e) => {
-                    let wait = backoff.next().unwrap_or(broker::RECONNECT_MAX);
-                    tracing::error!(error = format!("{e:#}"), retry_in = ?wait, "broker session ended; reconnecting");
+                    let (ended, wait) = reconnect.next_wait();
+                    log_session_end(ended, &e, wait);
                     tokio::select! {
                         _ = tokio::time::sleep(wait) => {}
                         _ = shutdown.cancelled() => break,
@@ -170,11 +170,11 @@ impl Worker {
         slots: &Arc<Semaphore>,
         tracker: &TaskTracker,
         shutdown: &CancellationToken,
-        backoff: &mut backon::ExponentialBackoff,
+        reconnect: &mut broker::Reconnect,
     ) -> anyhow::Result<()> {
         let mut session = self.connect().await?;
         self.live.send_replace(Some(session.conn.status().clone()));
-        *backoff = broker::reconnect_backoff();
+        reconnect.started();
         let s = &self.settings;
         tracing::info!(queue = %s.topology.queue, concurrency = s.concurrency, prefetch = s.prefetch, "consuming");
         self.dispatch(&mut session, slots, tracker, shutdown)
@@ -310,6 +310,18 @@ struct BrokerSession {
     channel: Channel,
     consumer: Consumer,
     publisher: Arc<broker::Publisher>,
+}
+
+/// Logs the end of a broker session: a warning while none could start (the broker is down or
+/// refuses), an error when one that ran failed.
+fn log_session_end(ended: broker::Ended, e: &anyhow::Error, wait: Duration) {
+    let error = crate::exit::one_line(e);
+    match ended {
+        broker::Ended::NeverStarted => {
+            tracing::warn!(error, retry_in = ?wait, "cannot start a broker session; retrying")
+        }
+        _ => tracing::error!(error, retry_in = ?wait, "broker session ended; reconnecting"),
+    }
 }
 
 /// Waits up to `grace` for the deliveries in flight; those left are redelivered by the broker.

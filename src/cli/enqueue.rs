@@ -4,8 +4,8 @@ use clap::Args;
 
 use super::DatabaseArgs;
 use super::job::JobArgs;
-use crate::db::Database;
 use crate::db::outbox::Enqueued;
+use crate::db::{Database, OnAcquire};
 
 #[derive(Debug, Args)]
 pub struct EnqueueArgs {
@@ -19,7 +19,8 @@ impl EnqueueArgs {
     pub async fn run(&self) -> anyhow::Result<()> {
         let admitted = self.job.admitted()?;
         let job = admitted.job();
-        let db = Database::connect_lazy(&self.db.database_url, 1)?;
+        let db = Database::connect(&self.db.database_url, 1, OnAcquire::Ping).await?;
+        db.require_schema().await?;
         let done = db.enqueue_admitted(&admitted).await?;
         match done {
             Enqueued::New(id) => println!("{} queued (outbox id {id})", job.job_id),

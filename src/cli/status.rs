@@ -3,7 +3,7 @@
 use clap::Args;
 
 use super::DatabaseArgs;
-use crate::db::Database;
+use crate::db::{Database, OnAcquire};
 
 #[derive(Debug, Args)]
 pub struct StatusArgs {
@@ -20,7 +20,8 @@ pub struct StatusArgs {
 
 impl StatusArgs {
     pub async fn run(&self) -> anyhow::Result<()> {
-        let db = Database::connect_lazy(&self.db.database_url, 1)?;
+        let db = Database::connect(&self.db.database_url, 1, OnAcquire::Ping).await?;
+        db.require_schema().await?;
         let statuses = crate::status::job_status(&db, &self.job_id, self.kind.as_deref()).await?;
         if statuses.is_empty() {
             anyhow::bail!("no job {:?} in the outbox or the ledger", self.job_id);

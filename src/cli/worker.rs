@@ -17,13 +17,19 @@ pub struct WorkerArgs {
     pub db: DatabaseArgs,
     #[command(flatten)]
     pub broker: BrokerArgs,
-    /// SMTP server: smtp://host:25 (plain, loopback only), smtp://user:pass@host:587?tls=required
-    /// (STARTTLS), smtps://user:pass@host:465 (implicit TLS), or file:///dir to write .eml files.
-    /// A password goes only over smtps:// or tls=required (loopback excepted).
+    /// SMTP server: smtp://host:25 (plain, loopback only: see --allow-plain-smtp),
+    /// smtp://user:pass@host:587?tls=required (STARTTLS), smtps://user:pass@host:465 (implicit
+    /// TLS), or file:///dir to write .eml files. A password goes only over smtps:// or
+    /// tls=required (loopback excepted).
     #[arg(long, env = "SMTP_URL", hide_env_values = true)]
     pub smtp_url: SecretUrl,
-    /// Sender mailbox, e.g. "Shop <noreply@shop.example>".
-    #[arg(long, env = "MAILROOM_FROM")]
+    /// Allow a plain smtp:// URL to a host that is not loopback (a relay on a network you
+    /// trust); without it such a URL is refused at startup.
+    #[arg(long, env = "MAILROOM_ALLOW_PLAIN_SMTP")]
+    pub allow_plain_smtp: bool,
+    /// Sender mailbox: an email address such as "Shop <noreply@shop.example>" or
+    /// "noreply@shop.example".
+    #[arg(long, env = "MAILROOM_FROM", value_parser = config::parse_from)]
     pub from: Mailbox,
     /// Right-hand side of the Message-ID <job_id.kind@DOMAIN> (default: the domain of --from).
     #[arg(long, env = "MAILROOM_MESSAGE_ID_DOMAIN")]
@@ -54,9 +60,10 @@ pub struct WorkerArgs {
     /// Deliveries processed at once.
     #[arg(long, env = "MAILROOM_CONCURRENCY", default_value_t = 32)]
     pub concurrency: usize,
-    /// Deliveries RabbitMQ sends ahead (basic.qos); at least --concurrency.
-    #[arg(long, env = "MAILROOM_PREFETCH", default_value_t = 64)]
-    pub prefetch: u16,
+    /// Deliveries RabbitMQ sends ahead (basic.qos): at least --concurrency (a lower value is
+    /// refused at startup); default twice --concurrency.
+    #[arg(long, env = "MAILROOM_PREFETCH")]
+    pub prefetch: Option<u16>,
     /// Claims and results of concurrent deliveries written together, at most this many per
     /// statement and commit (group commit); 1 writes each on its own.
     #[arg(long, env = "MAILROOM_LEDGER_GROUP", default_value_t = 64)]
@@ -83,6 +90,7 @@ impl WorkerArgs {
             database_url: self.db.database_url.clone(),
             broker: self.broker.config(),
             smtp_url: self.smtp_url.clone(),
+            allow_plain_smtp: self.allow_plain_smtp,
             from: self.from.clone(),
             message_id_domain: self.message_id_domain.clone(),
             templates: self.templates.clone(),

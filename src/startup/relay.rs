@@ -5,7 +5,9 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use super::{BrokerConfig, queue_depths, spawn_metrics, stop_metrics};
+use super::{
+    BrokerConfig, check_broker, check_database, queue_depths, spawn_metrics, stop_metrics,
+};
 use crate::config::SecretUrl;
 use crate::db::{Database, OnAcquire};
 use crate::http::Readiness;
@@ -37,6 +39,8 @@ pub struct RelayConfig {
 /// Runs the relay and the optional metrics listener until `shutdown`.
 pub async fn run_relay(config: &RelayConfig, shutdown: CancellationToken) -> anyhow::Result<()> {
     let relay = build_relay(&config.database_url, &config.broker, &config.relay)?;
+    check_database(&config.database_url).await?;
+    check_broker(&config.broker.amqp_url, "mailroom relay").await?;
     // One connection of its own for the scrape-time queries and the readiness ping.
     let db = Database::connect_lazy(&config.database_url, 1)?;
     let metrics = Metrics {

@@ -5,7 +5,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::{
     HttpConfig, RelayTuning, WorkerConfig, api_state, bind, build_relay, build_worker,
-    follow_templates, queue_depths, spawn_metrics, stop_metrics,
+    check_broker, check_database, follow_templates, queue_depths, spawn_metrics, stop_metrics,
 };
 use crate::http;
 use crate::http::Readiness;
@@ -24,6 +24,8 @@ pub struct RunConfig {
 pub async fn run_all(config: &RunConfig, shutdown: CancellationToken) -> anyhow::Result<()> {
     let (db, broker) = (&config.worker.database_url, &config.worker.broker);
     let worker = build_worker(&config.worker)?;
+    check_database(db).await?;
+    check_broker(&broker.amqp_url, "mailroom run").await?;
     let reload = config.worker.template_reload_interval;
     follow_templates(worker.templates(), reload, &shutdown)?;
     let relay = build_relay(db, broker, &config.relay)?;

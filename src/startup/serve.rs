@@ -11,7 +11,7 @@ use tokio::net::TcpListener;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
-use super::{BrokerConfig, live_templates};
+use super::{BrokerConfig, check_broker, check_database, live_templates};
 use crate::config::SecretUrl;
 use crate::db::Database;
 use crate::http::metrics::Metrics;
@@ -50,6 +50,8 @@ pub struct ServeConfig {
 
 /// Serves the API (and follows the templates, when given) until `shutdown`.
 pub async fn run_serve(config: &ServeConfig, shutdown: CancellationToken) -> anyhow::Result<()> {
+    check_database(&config.database_url).await?;
+    check_broker(&config.broker.amqp_url, "mailroom serve").await?;
     let templates = match &config.templates {
         Some(dir) => Some(live_templates(
             dir,

@@ -9,10 +9,12 @@ use lettre::message::Mailbox;
 use tokio_util::sync::CancellationToken;
 
 use super::{
-    BrokerConfig, follow_templates, load_templates, queue_depths, spawn_metrics, stop_metrics,
+    BrokerConfig, check_broker, check_database, follow_templates, load_templates, queue_depths,
+    spawn_metrics, stop_metrics,
 };
 use crate::config::{OnUncertain, SecretUrl};
 use crate::db::Database;
+use crate::exit::{self, Fatal};
 use crate::http::Readiness;
 use crate::http::metrics::Metrics;
 use crate::render::LiveTemplates;
@@ -26,6 +28,8 @@ pub struct WorkerConfig {
     pub database_url: SecretUrl,
     pub broker: BrokerConfig,
     pub smtp_url: SecretUrl,
+    /// Allows a plain `smtp://` URL to a host that is not loopback.
+    pub allow_plain_smtp: bool,
     pub from: Mailbox,
     /// Right-hand side of the Message-ID; `None`: the domain of `from`.
     pub message_id_domain: Option<String>,
@@ -35,8 +39,8 @@ pub struct WorkerConfig {
     pub smtp_timeout: Duration,
     pub max_attempts: i32,
     pub concurrency: usize,
-    /// Raised to `concurrency` when lower.
-    pub prefetch: u16,
+    /// At least `concurrency` (refused when lower); `None`: twice `concurrency`.
+    pub prefetch: Option<u16>,
     pub ledger_group: usize,
     pub smtp_connections: u32,
     pub shutdown_grace: Duration,
@@ -49,6 +53,8 @@ pub struct WorkerConfig {
 /// `shutdown`.
 pub async fn run_worker(config: &WorkerConfig, shutdown: CancellationToken) -> anyhow::Result<()> {
     let worker = build_worker(config)?;
+    check_database(&config.database_url).await?;
+    check_broker(&config.broker.amqp_url, "mailroom worker").await?;
     follow_templates(
         worker.templates(),
         config.template_reload_interval,
@@ -72,16 +78,21 @@ pub async fn run_worker(config: &WorkerConfig, shutdown: CancellationToken) -> a
 
 /// Validates the settings, loads the templates, and builds the worker (it connects lazily).
 pub fn build_worker(config: &WorkerConfig) -> anyhow::Result<Worker> {
-    crate::worker::lease::check(config.lease, config.smtp_timeout).map_err(anyhow::Error::msg)?;
-    let (dir, loaded) = load_templates(&config.templates)?;
-    let templates = LiveTemplates::new(dir, loaded);
-    let mailer = Mailer::new(&mailer_settings(config))?;
+    crate::worker::lease::check(config.lease, config.smtp_timeout).map_err(Fatal::Config)?;
+    // The mailer first: a password that could travel in clear text is the graver refusal.
+    let mailer =
+        Mailer::new(&mailer_settings(config)).map_err(|e| Fatal::Config(exit::one_line(&e)))?;
+    crate::config::check_smtp_url(&config.smtp_url, config.allow_plain_smtp)?;
     let concurrency = config.concurrency.max(1);
+    let prefetch = crate::config::prefetch_for(concurrency, config.prefetch)?;
+    let (dir, loaded) =
+        load_templates(&config.templates).map_err(|e| Fatal::Config(exit::one_line(&e)))?;
+    let templates = LiveTemplates::new(dir, loaded);
     let pool_size = u32::try_from(concurrency)
         .unwrap_or(u32::MAX)
         .saturating_add(2);
     let db = Database::connect_lazy(&config.database_url, pool_size)?;
-    let settings = worker_settings(config, concurrency);
+    let settings = worker_settings(config, concurrency, prefetch);
     Ok(Worker::new(settings, db, Arc::new(templates), mailer))
 }
 
@@ -99,14 +110,12 @@ fn mailer_settings(config: &WorkerConfig) -> MailerSettings {
     }
 }
 
-fn worker_settings(config: &WorkerConfig, concurrency: usize) -> WorkerSettings {
+fn worker_settings(config: &WorkerConfig, concurrency: usize, prefetch: u16) -> WorkerSettings {
     WorkerSettings {
         amqp: config.broker.amqp_url.clone(),
         topology: config.broker.topology(),
         concurrency,
-        prefetch: config
-            .prefetch
-            .max(u16::try_from(concurrency).unwrap_or(u16::MAX)),
+        prefetch,
         lease: config.lease,
         on_uncertain: config.on_uncertain,
         max_attempts: config.max_attempts.max(1),

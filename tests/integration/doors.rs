@@ -65,11 +65,11 @@ async fn enqueue_and_publish_of_an_unknown_kind_exit_non_zero_naming_the_field()
             .cli_output(&[command, "--kind", "no_such_kind", "--to", "ada@example.com"])
             .await;
         assert!(!out.status.success(), "{command}: {out:?}");
-        // The error on one line (the log line before it carries the same text).
+        // The error on one line, printed once.
         let lines: Vec<&str> = out
             .stderr
             .lines()
-            .filter(|l| l.starts_with("mailroom: "))
+            .filter(|l| l.starts_with("error: "))
             .collect();
         assert_eq!(lines.len(), 1, "{}", out.stderr);
         let line = lines[0];

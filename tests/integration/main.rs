@@ -17,6 +17,7 @@ mod dlq;
 mod doors;
 mod exposition;
 mod failures;
+mod first_contact;
 mod hostile;
 mod http;
 mod http_dlq;

@@ -55,10 +55,7 @@ async fn check_names_the_file_and_line_of_a_missing_variable() {
     assert!(err.contains("text.hbs line 3"), "{err}");
     assert!(err.contains("plan.name"), "{err}");
     let last = err.trim().lines().last().unwrap();
-    assert!(
-        last.starts_with("mailroom: templates check failed: "),
-        "{err}"
-    );
+    assert!(last.starts_with("error: templates check failed: "), "{err}");
     assert!(
         last.contains("welcome/") && last.contains("text.hbs line 3"),
         "{err}"
