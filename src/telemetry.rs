@@ -33,6 +33,11 @@ const DEFAULT_FILTER: &str = "info";
 /// notices (an `IF NOT EXISTS` that found the table) at INFO through sqlx.
 const QUIET_SQLX: &str = "sqlx::postgres::notice=warn";
 
+/// Added to every filter that does not mention lapin: lapin logs a refused login or a lost
+/// connection at ERROR from its own I/O loop (three lines of internals), and every such error
+/// also reaches mailroom as a returned error, which mailroom reports once, in its own words.
+const QUIET_LAPIN: &str = "lapin=off";
+
 /// Installs the global subscriber, writing to stderr. Calling it twice is harmless.
 pub fn init(format: LogFormat) {
     let filter = filter(std::env::var("RUST_LOG").ok().as_deref());
@@ -72,11 +77,14 @@ fn directives(rust_log: Option<&str>) -> String {
         .map(str::trim)
         .filter(|s| !s.is_empty())
         .unwrap_or(DEFAULT_FILTER);
-    if chosen.contains("sqlx") {
-        chosen.to_string()
-    } else {
-        format!("{chosen},{QUIET_SQLX}")
+    let mut directives = chosen.to_string();
+    if !chosen.contains("sqlx") {
+        directives = format!("{directives},{QUIET_SQLX}");
     }
+    if !chosen.contains("lapin") {
+        directives = format!("{directives},{QUIET_LAPIN}");
+    }
+    directives
 }
 
 #[cfg(test)]
@@ -92,14 +100,19 @@ mod tests {
     }
 
     #[test]
-    fn postgres_notices_are_quiet_unless_the_filter_names_sqlx() {
-        assert_eq!(directives(None), "info,sqlx::postgres::notice=warn");
-        assert_eq!(directives(Some("  ")), "info,sqlx::postgres::notice=warn");
+    fn postgres_notices_and_lapin_internals_are_quiet_unless_the_filter_names_them() {
+        let quiet = "sqlx::postgres::notice=warn,lapin=off";
+        assert_eq!(directives(None), format!("info,{quiet}"));
+        assert_eq!(directives(Some("  ")), format!("info,{quiet}"));
+        assert_eq!(directives(Some("debug")), format!("debug,{quiet}"));
         assert_eq!(
-            directives(Some("debug")),
-            "debug,sqlx::postgres::notice=warn"
+            directives(Some("info,sqlx=debug")),
+            "info,sqlx=debug,lapin=off"
         );
-        assert_eq!(directives(Some("info,sqlx=debug")), "info,sqlx=debug");
+        assert_eq!(
+            directives(Some("info,lapin=debug")),
+            "info,lapin=debug,sqlx::postgres::notice=warn"
+        );
     }
 
     #[test]

@@ -87,6 +87,8 @@ async fn a_wrong_amqp_password_is_one_line_naming_the_user_and_exits_78() {
     )
     .await;
     assert_eq!(code(&out), 78, "{}", out.stderr);
+    // One line in all: not even lapin's own report of the refusal before it.
+    assert_eq!(out.stderr.lines().count(), 1, "{}", out.stderr);
     let lines = error_lines(&out.stderr);
     assert_eq!(lines.len(), 1, "{}", out.stderr);
     assert!(
