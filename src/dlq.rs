@@ -17,6 +17,7 @@
 //! - [`DeadLetters::dry_run`]: render the selection against today's templates, change nothing.
 //! - [`DeadLetters::purge`]: remove the selection for good.
 
+mod class;
 mod letter;
 pub mod seal;
 mod selection;
@@ -33,6 +34,7 @@ use crate::broker::{self, Topology};
 use crate::config::UrlList;
 use crate::db::{Database, Notification};
 
+pub use class::{Class, UnknownClass};
 pub use letter::Death;
 pub use selection::{NotOneSelection, Preview, Progress, Report, Selection};
 
@@ -45,8 +47,9 @@ pub struct Entry {
     pub kind: String,
     /// The first recipient, masked (`a***@example.com +1`); `?` when the body has none.
     pub recipient: String,
-    /// `invalid`, `template`, `rejected`, `exhausted`, `uncertain` (set by the worker), `poison`
-    /// (the broker's delivery limit), `broker` (other broker dead-lettering) or `unknown`.
+    /// A [`Class`] name: `invalid`, `template`, `rejected`, `exhausted`, `uncertain` (set by the
+    /// worker), `poison` (the broker's delivery limit), `broker` (other broker dead-lettering) or
+    /// `unknown`; kept as written, so a class from another version still shows.
     pub class: String,
     /// Why it died, with any email address masked.
     pub reason: String,
@@ -60,7 +63,7 @@ pub struct Entry {
 #[derive(Clone, Debug, Default)]
 pub struct Filter {
     pub kind: Option<String>,
-    pub class: Option<String>,
+    pub class: Option<Class>,
     /// Failed at or after this instant (messages without a failure time never match).
     pub since: Option<DateTime<Utc>>,
     /// Substring of the reason or the job id.
@@ -70,7 +73,7 @@ pub struct Filter {
 impl Filter {
     pub fn matches(&self, e: &Entry) -> bool {
         self.kind.as_ref().is_none_or(|k| *k == e.kind)
-            && self.class.as_ref().is_none_or(|c| *c == e.class)
+            && self.class.is_none_or(|c| c.as_str() == e.class)
             && self
                 .since
                 .is_none_or(|since| e.failed_at.is_some_and(|at| at >= since))

@@ -57,6 +57,7 @@ pub struct PreviewArgs {
     /// Locale, e.g. fr or pt-BR (default: the default templates).
     #[arg(long)]
     pub locale: Option<String>,
+    /// What to print.
     #[arg(long, value_enum, default_value = "text")]
     pub format: Format,
     /// Sender, for --format eml.

@@ -31,7 +31,7 @@ fn a_filter_matches_only_when_every_field_it_sets_matches() {
     let at = |h| Some(entry("", "", "", "", h).failed_at.unwrap());
     let f = Filter {
         kind: Some("welcome".into()),
-        class: Some("template".into()),
+        class: Some(Class::Template),
         since: at(12),
         grep: Some("order-".into()),
     };
@@ -72,7 +72,7 @@ fn a_selection_by_ids_kind_or_class_takes_only_those() {
     assert!(Selection::Ids(vec!["b".into(), "a".into()]).matches(&e));
     assert!(!Selection::Ids(vec!["b".into()]).matches(&e));
     assert!(Selection::Kind("welcome".into()).matches(&e));
-    assert!(!Selection::Class("template".into()).matches(&e));
+    assert!(!Selection::Class(Class::Template).matches(&e));
     assert!(Selection::All.matches(&e));
 }
 
@@ -119,8 +119,8 @@ fn a_replay_or_purge_names_exactly_one_selection() {
         Ok(Selection::Kind("welcome".into()))
     );
     assert_eq!(
-        Selection::one_of(vec![], None, Some("template".into()), false),
-        Ok(Selection::Class("template".into()))
+        Selection::one_of(vec![], None, Some(Class::Template), false),
+        Ok(Selection::Class(Class::Template))
     );
     assert_eq!(
         Selection::one_of(vec![], None, None, true),

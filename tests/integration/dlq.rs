@@ -10,6 +10,8 @@ use serde_json::{Value, json};
 
 use crate::helpers::*;
 
+mod filters;
+
 /// A dead letter as the worker publishes it to `<ns>.dlx`.
 struct Letter {
     kind: String,
