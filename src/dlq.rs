@@ -8,7 +8,9 @@
 //!
 //! - [`DeadLetters::list`]: one [`Entry`] per message (masked recipient, class, reason, …),
 //!   filtered by a [`Filter`]; [`summarize`] counts them by kind and reason.
-//! - [`DeadLetters::show`]: the whole job, every header, `x-death`, and the ledger row.
+//! - [`DeadLetters::show`]: the whole job, every header, `x-death`, and the ledger row;
+//!   [`Detail::masked`] masks every email address in it, which both doors do unless asked to
+//!   reveal them (`--reveal`, `?reveal=true`).
 //! - [`DeadLetters::replay`]: republish the [`Selection`] through the main exchange with
 //!   confirms, then remove it (at-least-once: a crash in between duplicates, never loses). The
 //!   copy carries `x-mailroom-replay`, which lets the worker claim a `dead` or `uncertain` row
@@ -33,6 +35,7 @@ use serde_json::Value;
 use crate::broker::{self, Topology};
 use crate::config::UrlList;
 use crate::db::{Database, Notification};
+use crate::job::mask_addresses;
 
 pub use class::{Class, UnknownClass};
 pub use letter::Death;
@@ -138,6 +141,36 @@ pub struct Detail {
     pub routing_key: String,
     /// The job's `sent_notifications` row, if any (and if a database was given).
     pub notification: Option<Row>,
+}
+
+impl Detail {
+    /// The same dead letter with every email address masked (`a***@example.com`) wherever it
+    /// appears: the job (recipients, and data such as a support address), the headers (an SMTP
+    /// reply quoting the recipient) and the ledger row. One rule for the text and the JSON, so
+    /// neither door prints a full address unless the caller asks to reveal them.
+    pub fn masked(mut self) -> Detail {
+        mask_strings(&mut self.job);
+        self.headers.values_mut().for_each(mask_strings);
+        if let Some(row) = &mut self.notification {
+            for text in [&mut row.smtp_reply, &mut row.last_error]
+                .into_iter()
+                .flatten()
+            {
+                *text = mask_addresses(text);
+            }
+        }
+        self
+    }
+}
+
+/// Masks the email addresses in every string of `value`, at any depth.
+fn mask_strings(value: &mut Value) {
+    match value {
+        Value::String(text) => *text = mask_addresses(text),
+        Value::Array(items) => items.iter_mut().for_each(mask_strings),
+        Value::Object(fields) => fields.values_mut().for_each(mask_strings),
+        _ => {}
+    }
 }
 
 /// A `sent_notifications` row, for display.

@@ -14,7 +14,7 @@ use super::{BrokerArgs, DatabaseArgs};
 use crate::config::SecretUrl;
 use crate::db::Database;
 use crate::dlq::seal::{self, ReplayKey};
-use crate::dlq::{Class, DeadLetters, Filter, Progress, Report, Selection, parse_since};
+use crate::dlq::{Class, DeadLetters, Detail, Filter, Progress, Report, Selection, parse_since};
 
 /// How often progress is redrawn on a terminal.
 const PROGRESS_EVERY: Duration = Duration::from_millis(100);
@@ -69,6 +69,10 @@ pub struct ShowArgs {
     pub db: DatabaseArgs,
     /// The job id.
     pub id: String,
+    /// Print email addresses in full (recipients, data, headers, ledger row); by default every
+    /// one is masked, in the text and the JSON alike, as in listings.
+    #[arg(long)]
+    pub reveal: bool,
     /// Print JSON (the HTTP API's `GET /v1/dlq/{job_id}`) instead of text.
     #[arg(long)]
     pub json: bool,
@@ -199,7 +203,10 @@ async fn show(dlq: &DeadLetters, a: &ShowArgs) -> anyhow::Result<()> {
     let db = Database::connect_lazy(&a.db.database_url, 1)?;
     let details = dlq.show(&a.id, Some(&db)).await;
     db.close().await;
-    let details = details?;
+    let mut details = details?;
+    if !a.reveal {
+        details = details.into_iter().map(Detail::masked).collect();
+    }
     if details.is_empty() {
         anyhow::bail!(
             "no dead letter with job id {:?} in {}",

@@ -3,7 +3,8 @@
 //!
 //! - `GET /v1/dlq?kind=&class=&since=&grep=&summary=true`: the entries (or their counts); a
 //!   class that is not one mailroom writes is a 400 listing the classes.
-//! - `GET /v1/dlq/{job_id}`: that job's dead letters in full, with its ledger row.
+//! - `GET /v1/dlq/{job_id}`: that job's dead letters in full, with its ledger row; every email
+//!   address masked unless `?reveal=true`, as `mailroom dlq show [--reveal]`.
 //! - `POST /v1/dlq/replay` `{"ids": [...]} | {"kind": K} | {"class": C} | {"all": true}`, plus
 //!   `"dry_run": true` to render against the live templates and change nothing.
 //! - `POST /v1/dlq/purge`, the same selection.
@@ -25,7 +26,7 @@ use serde::Deserialize;
 use serde_json::json;
 
 use super::{ApiState, error};
-use crate::dlq::{Class, DeadLetters, Filter, Report, Selection, seal, summarize};
+use crate::dlq::{Class, DeadLetters, Detail, Filter, Report, Selection, seal, summarize};
 
 /// Query parameters of the listing, as the CLI's filters.
 #[derive(Debug, Default, Deserialize)]
@@ -37,6 +38,14 @@ pub(super) struct ListQuery {
     grep: Option<String>,
     #[serde(default)]
     summary: bool,
+}
+
+/// Query parameters of `show`.
+#[derive(Debug, Default, Deserialize)]
+pub(super) struct ShowQuery {
+    /// Email addresses in full instead of masked.
+    #[serde(default)]
+    reveal: bool,
 }
 
 /// The body of a replay or purge: exactly one selection.
@@ -123,6 +132,7 @@ pub(super) async fn list(
 pub(super) async fn show(
     State(state): State<Arc<ApiState>>,
     Path(job_id): Path<String>,
+    Query(q): Query<ShowQuery>,
 ) -> Response {
     let dlq = match connect(&state).await {
         Ok(d) => d,
@@ -136,7 +146,8 @@ pub(super) async fn show(
             None,
             "no dead letter with that job id",
         ),
-        Ok(d) => Json(d).into_response(),
+        Ok(d) if q.reveal => Json(d).into_response(),
+        Ok(d) => Json(d.into_iter().map(Detail::masked).collect::<Vec<_>>()).into_response(),
         Err(e) => unavailable(&e),
     }
 }

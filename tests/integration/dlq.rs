@@ -11,6 +11,7 @@ use serde_json::{Value, json};
 use crate::helpers::*;
 
 mod filters;
+mod show;
 
 /// A dead letter as the worker publishes it to `<ns>.dlx`.
 struct Letter {
