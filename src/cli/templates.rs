@@ -8,6 +8,7 @@ use anyhow::Context;
 use clap::{Args, Subcommand, ValueEnum};
 use lettre::message::Mailbox;
 
+use super::job::parse_data;
 use crate::job::EmailJob;
 use crate::render::RenderedEmail;
 use crate::startup::load_templates;
@@ -51,9 +52,10 @@ pub struct PreviewArgs {
     pub templates: PathBuf,
     /// The kind (template folder) to render.
     pub kind: String,
-    /// Template data: a JSON file (default: the kind's sample.json).
-    #[arg(long)]
-    pub data: Option<PathBuf>,
+    /// Template data, as `enqueue --data` takes it: inline JSON, @path/to/file.json, or @- to
+    /// read standard input (default: the kind's sample.json).
+    #[arg(long, value_parser = preview_data)]
+    pub data: Option<serde_json::Value>,
     /// Locale, e.g. fr or pt-BR (default: the default templates).
     #[arg(long)]
     pub locale: Option<String>,
@@ -103,12 +105,7 @@ fn check(dir: &Path) -> anyhow::Result<()> {
 fn preview(a: &PreviewArgs) -> anyhow::Result<()> {
     let (_, templates) = load_templates(&a.templates)?;
     let data = match &a.data {
-        Some(path) => {
-            let text = std::fs::read_to_string(path)
-                .with_context(|| format!("reading {}", path.display()))?;
-            serde_json::from_str(&text)
-                .with_context(|| format!("{}: not valid JSON", path.display()))?
-        }
+        Some(data) => data.clone(),
         None => templates
             .sample(&a.kind)
             .cloned()
@@ -127,6 +124,19 @@ fn preview(a: &PreviewArgs) -> anyhow::Result<()> {
         Format::Eml => print!("{}", eml(a, data, &rendered)?),
     }
     Ok(())
+}
+
+/// [`parse_data`], and the form `preview` took before it: a bare path to an existing file, read
+/// with a note to write `@path`, so scripts written for it keep working.
+fn preview_data(arg: &str) -> Result<serde_json::Value, String> {
+    let bare_file = !arg.starts_with('@') && arg != "-" && Path::new(arg).is_file();
+    if bare_file && serde_json::from_str::<serde_json::Value>(arg).is_err() {
+        eprintln!(
+            "note: --data {arg} reads the file for now; write --data @{arg}, as enqueue takes it"
+        );
+        return parse_data(&format!("@{arg}"));
+    }
+    parse_data(arg)
 }
 
 /// The whole MIME message a job of `a.kind` with `data` would be sent as.
