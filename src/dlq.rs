@@ -8,7 +8,9 @@
 //!
 //! - [`DeadLetters::list`]: one [`Entry`] per message (masked recipient, class, reason, …),
 //!   filtered by a [`Filter`]; [`summarize`] counts them by kind and reason.
-//! - [`DeadLetters::show`]: the whole job, every header, `x-death`, and the ledger row.
+//! - [`DeadLetters::show`]: the whole job, every header, `x-death`, and the ledger row;
+//!   [`Detail::masked`] masks every email address in it, which both doors do unless asked to
+//!   reveal them (`--reveal`, `?reveal=true`).
 //! - [`DeadLetters::replay`]: republish the [`Selection`] through the main exchange with
 //!   confirms, then remove it (at-least-once: a crash in between duplicates, never loses). The
 //!   copy carries `x-mailroom-replay`, which lets the worker claim a `dead` or `uncertain` row
@@ -17,6 +19,7 @@
 //! - [`DeadLetters::dry_run`]: render the selection against today's templates, change nothing.
 //! - [`DeadLetters::purge`]: remove the selection for good.
 
+mod class;
 mod letter;
 pub mod seal;
 mod selection;
@@ -32,7 +35,9 @@ use serde_json::Value;
 use crate::broker::{self, Topology};
 use crate::config::UrlList;
 use crate::db::{Database, Notification};
+use crate::job::mask_addresses;
 
+pub use class::{Class, UnknownClass};
 pub use letter::Death;
 pub use selection::{NotOneSelection, Preview, Progress, Report, Selection};
 
@@ -45,8 +50,9 @@ pub struct Entry {
     pub kind: String,
     /// The first recipient, masked (`a***@example.com +1`); `?` when the body has none.
     pub recipient: String,
-    /// `invalid`, `template`, `rejected`, `exhausted`, `uncertain` (set by the worker), `poison`
-    /// (the broker's delivery limit), `broker` (other broker dead-lettering) or `unknown`.
+    /// A [`Class`] name: `invalid`, `template`, `rejected`, `exhausted`, `uncertain` (set by the
+    /// worker), `poison` (the broker's delivery limit), `broker` (other broker dead-lettering) or
+    /// `unknown`; kept as written, so a class from another version still shows.
     pub class: String,
     /// Why it died, with any email address masked.
     pub reason: String,
@@ -60,7 +66,7 @@ pub struct Entry {
 #[derive(Clone, Debug, Default)]
 pub struct Filter {
     pub kind: Option<String>,
-    pub class: Option<String>,
+    pub class: Option<Class>,
     /// Failed at or after this instant (messages without a failure time never match).
     pub since: Option<DateTime<Utc>>,
     /// Substring of the reason or the job id.
@@ -70,7 +76,7 @@ pub struct Filter {
 impl Filter {
     pub fn matches(&self, e: &Entry) -> bool {
         self.kind.as_ref().is_none_or(|k| *k == e.kind)
-            && self.class.as_ref().is_none_or(|c| *c == e.class)
+            && self.class.is_none_or(|c| c.as_str() == e.class)
             && self
                 .since
                 .is_none_or(|since| e.failed_at.is_some_and(|at| at >= since))
@@ -135,6 +141,36 @@ pub struct Detail {
     pub routing_key: String,
     /// The job's `sent_notifications` row, if any (and if a database was given).
     pub notification: Option<Row>,
+}
+
+impl Detail {
+    /// The same dead letter with every email address masked (`a***@example.com`) wherever it
+    /// appears: the job (recipients, and data such as a support address), the headers (an SMTP
+    /// reply quoting the recipient) and the ledger row. One rule for the text and the JSON, so
+    /// neither door prints a full address unless the caller asks to reveal them.
+    pub fn masked(mut self) -> Detail {
+        mask_strings(&mut self.job);
+        self.headers.values_mut().for_each(mask_strings);
+        if let Some(row) = &mut self.notification {
+            for text in [&mut row.smtp_reply, &mut row.last_error]
+                .into_iter()
+                .flatten()
+            {
+                *text = mask_addresses(text);
+            }
+        }
+        self
+    }
+}
+
+/// Masks the email addresses in every string of `value`, at any depth.
+fn mask_strings(value: &mut Value) {
+    match value {
+        Value::String(text) => *text = mask_addresses(text),
+        Value::Array(items) => items.iter_mut().for_each(mask_strings),
+        Value::Object(fields) => fields.values_mut().for_each(mask_strings),
+        _ => {}
+    }
 }
 
 /// A `sent_notifications` row, for display.

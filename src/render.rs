@@ -105,7 +105,15 @@ impl Templates {
     /// compiles all, then renders every kind with its `sample.json` (every locale variant too) in
     /// strict mode; any failure is an error naming the file (and line where handlebars gives one).
     pub fn load(dir: &Path) -> Result<Templates, TemplateError> {
-        build::build(scan::scan(dir)?)
+        Templates::check(dir).map_err(|mut errors| errors.swap_remove(0))
+    }
+
+    /// [`Templates::load`], with every error instead of the first: each file that does not
+    /// read, compile or pass the checks, and each template that does not render its kind's
+    /// sample (every part on its own), in the order `load` meets them. For `templates check`.
+    pub fn check(dir: &Path) -> Result<Templates, Vec<TemplateError>> {
+        let (tree, errors) = scan::scan(dir).map_err(|e| vec![e])?;
+        build::build(tree, errors)
     }
 
     /// The kinds this set can render, sorted.

@@ -6,14 +6,15 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
-use clap::{ArgGroup, Args, Subcommand};
+use clap::builder::PossibleValue;
+use clap::{ArgGroup, Args, Subcommand, ValueEnum};
 
 use super::dlq_print as print;
 use super::{BrokerArgs, DatabaseArgs};
 use crate::config::SecretUrl;
 use crate::db::Database;
 use crate::dlq::seal::{self, ReplayKey};
-use crate::dlq::{DeadLetters, Filter, Progress, Report, Selection, parse_since};
+use crate::dlq::{Class, DeadLetters, Detail, Filter, Progress, Report, Selection, parse_since};
 
 /// How often progress is redrawn on a terminal.
 const PROGRESS_EVERY: Duration = Duration::from_millis(100);
@@ -43,9 +44,9 @@ pub struct ListArgs {
     /// Only this kind (template).
     #[arg(long)]
     pub kind: Option<String>,
-    /// Only this class: invalid, template, rejected, exhausted, uncertain, poison, broker.
-    #[arg(long)]
-    pub class: Option<String>,
+    /// Only this class (why it died).
+    #[arg(long, value_enum)]
+    pub class: Option<Class>,
     /// Failed at or after: an RFC 3339 time (2026-11-30T12:00:00Z) or a duration ago (2h, 30m).
     #[arg(long, value_parser = parse_since)]
     pub since: Option<DateTime<Utc>>,
@@ -55,6 +56,7 @@ pub struct ListArgs {
     /// Count by kind and by reason instead of listing.
     #[arg(long)]
     pub summary: bool,
+    /// Print JSON (the HTTP API's `GET /v1/dlq`) instead of aligned columns.
     #[arg(long)]
     pub json: bool,
 }
@@ -67,6 +69,11 @@ pub struct ShowArgs {
     pub db: DatabaseArgs,
     /// The job id.
     pub id: String,
+    /// Print email addresses in full (recipients, data, headers, ledger row); by default every
+    /// one is masked, in the text and the JSON alike, as in listings.
+    #[arg(long)]
+    pub reveal: bool,
+    /// Print JSON (the HTTP API's `GET /v1/dlq/{job_id}`) instead of text.
     #[arg(long)]
     pub json: bool,
 }
@@ -81,9 +88,9 @@ pub struct ReplayArgs {
     /// Every dead letter of this kind.
     #[arg(long)]
     pub kind: Option<String>,
-    /// Every dead letter of this class.
-    #[arg(long)]
-    pub class: Option<String>,
+    /// Every dead letter of this class (why it died).
+    #[arg(long, value_enum)]
+    pub class: Option<Class>,
     /// Every dead letter.
     #[arg(long)]
     pub all: bool,
@@ -99,12 +106,13 @@ pub struct ReplayArgs {
     /// which a replay skips.
     #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
     pub database_url: Option<SecretUrl>,
+    /// Print the report (or the dry run's previews) as JSON, as the HTTP API answers.
     #[arg(long)]
     pub json: bool,
 }
 
 #[derive(Debug, Args)]
-#[command(group(ArgGroup::new("selection").required(true).args(["ids", "kind", "all"])))]
+#[command(group(ArgGroup::new("selection").required(true).args(["ids", "kind", "class", "all"])))]
 pub struct PurgeArgs {
     #[command(flatten)]
     pub broker: BrokerArgs,
@@ -113,12 +121,16 @@ pub struct PurgeArgs {
     /// Every dead letter of this kind.
     #[arg(long)]
     pub kind: Option<String>,
+    /// Every dead letter of this class (why it died).
+    #[arg(long, value_enum)]
+    pub class: Option<Class>,
     /// Every dead letter.
     #[arg(long)]
     pub all: bool,
     /// Confirms that the selected dead letters are deleted for good.
     #[arg(long)]
     pub yes: bool,
+    /// Print the report as JSON, as the HTTP API answers.
     #[arg(long)]
     pub json: bool,
 }
@@ -127,15 +139,22 @@ pub struct PurgeArgs {
 fn selection(
     ids: &[String],
     kind: &Option<String>,
-    class: &Option<String>,
+    class: Option<Class>,
     all: bool,
 ) -> anyhow::Result<Selection> {
-    Ok(Selection::one_of(
-        ids.to_vec(),
-        kind.clone(),
-        class.clone(),
-        all,
-    )?)
+    Ok(Selection::one_of(ids.to_vec(), kind.clone(), class, all)?)
+}
+
+/// `--class` takes exactly the classes mailroom writes; clap lists them in `--help` and in the
+/// error for any other value.
+impl ValueEnum for Class {
+    fn value_variants<'a>() -> &'a [Self] {
+        &Class::ALL
+    }
+
+    fn to_possible_value(&self) -> Option<PossibleValue> {
+        Some(PossibleValue::new(self.as_str()).help(self.describe()))
+    }
 }
 
 impl DlqArgs {
@@ -167,7 +186,7 @@ impl DlqArgs {
 async fn list(dlq: &DeadLetters, a: &ListArgs) -> anyhow::Result<()> {
     let filter = Filter {
         kind: a.kind.clone(),
-        class: a.class.clone(),
+        class: a.class,
         since: a.since,
         grep: a.grep.clone(),
     };
@@ -184,7 +203,10 @@ async fn show(dlq: &DeadLetters, a: &ShowArgs) -> anyhow::Result<()> {
     let db = Database::connect_lazy(&a.db.database_url, 1)?;
     let details = dlq.show(&a.id, Some(&db)).await;
     db.close().await;
-    let details = details?;
+    let mut details = details?;
+    if !a.reveal {
+        details = details.into_iter().map(Detail::masked).collect();
+    }
     if details.is_empty() {
         anyhow::bail!(
             "no dead letter with job id {:?} in {}",
@@ -200,7 +222,7 @@ async fn show(dlq: &DeadLetters, a: &ShowArgs) -> anyhow::Result<()> {
 }
 
 async fn replay(dlq: &DeadLetters, a: &ReplayArgs, key: &ReplayKey) -> anyhow::Result<()> {
-    let sel = selection(&a.ids, &a.kind, &a.class, a.all)?;
+    let sel = selection(&a.ids, &a.kind, a.class, a.all)?;
     let report = dlq.replay(&sel, key, &mut progress("replaying")).await;
     finish(dlq, &sel, report, a.json)
 }
@@ -227,7 +249,7 @@ async fn dry_run(dlq: &DeadLetters, a: &ReplayArgs) -> anyhow::Result<()> {
         Some(url) => Some(Database::connect_lazy(url, 1)?),
         None => None,
     };
-    let sel = selection(&a.ids, &a.kind, &a.class, a.all)?;
+    let sel = selection(&a.ids, &a.kind, a.class, a.all)?;
     let previews = dlq.dry_run(&sel, &templates, db.as_ref()).await;
     if let Some(db) = db {
         db.close().await;
@@ -247,7 +269,7 @@ async fn purge(dlq: &DeadLetters, a: &PurgeArgs) -> anyhow::Result<()> {
             dlq.dead_queue()
         );
     }
-    let sel = selection(&a.ids, &a.kind, &None, a.all)?;
+    let sel = selection(&a.ids, &a.kind, a.class, a.all)?;
     let report = dlq.purge(&sel, &mut progress("purging")).await;
     finish(dlq, &sel, report, a.json)
 }
@@ -299,3 +321,6 @@ fn progress(what: &'static str) -> impl FnMut(Progress) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests;

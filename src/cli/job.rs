@@ -1,9 +1,11 @@
-//! The job arguments `publish` and `enqueue` share, and the one validation they go through.
+//! The job arguments `publish` and `enqueue` share, and the one validation they go through; and
+//! the one syntax of `--data` on every command that takes it ([`parse_data`]).
 
+use std::io::Read;
 use std::path::PathBuf;
 
-use anyhow::Context;
 use clap::Args;
+use serde_json::Value;
 
 use crate::door::{self, Admitted};
 use crate::job::EmailJob;
@@ -18,9 +20,10 @@ pub struct JobArgs {
     /// Recipient mailbox; repeat for several.
     #[arg(long, required = true)]
     pub to: Vec<String>,
-    /// Template data: a JSON object, or @path/to/file.json.
-    #[arg(long, default_value = "{}")]
-    pub data: String,
+    /// Template data: inline JSON ('{"user":{"name":"Ada"}}'), @path/to/file.json, or @- to
+    /// read standard input.
+    #[arg(long, default_value = "{}", value_parser = parse_data)]
+    pub data: Value,
     /// Idempotency key (default: a new UUID). The same key is sent at most once.
     #[arg(long)]
     pub job_id: Option<String>,
@@ -37,12 +40,6 @@ impl JobArgs {
     /// Builds the job and lets it through the one validation ([`door::admit`]), against the
     /// templates when `--templates` is given. The error names the field, on one line.
     pub fn admitted(&self) -> anyhow::Result<Admitted> {
-        let text = match self.data.strip_prefix('@') {
-            Some(path) => {
-                std::fs::read_to_string(path).with_context(|| format!("reading {path}"))?
-            }
-            None => self.data.clone(),
-        };
         let job = EmailJob {
             job_id: self
                 .job_id
@@ -54,7 +51,7 @@ impl JobArgs {
             bcc: vec![],
             reply_to: None,
             locale: self.locale.clone(),
-            data: serde_json::from_str(&text).context("--data is not JSON")?,
+            data: self.data.clone(),
             headers: Default::default(),
             created_at: Some(chrono::Utc::now()),
         };
@@ -63,5 +60,72 @@ impl JobArgs {
             None => None,
         };
         Ok(door::admit(job, templates.as_ref())?)
+    }
+}
+
+/// `--data` as every command takes it (`enqueue`, `publish`, `templates preview`), the way curl
+/// reads `-d`: `@path` is a file, `@-` (or `-`) standard input, anything else inline JSON.
+pub fn parse_data(arg: &str) -> Result<Value, String> {
+    let (text, from) = match arg {
+        "-" | "@-" => {
+            let mut text = String::new();
+            std::io::stdin()
+                .read_to_string(&mut text)
+                .map_err(|e| format!("reading standard input: {e}"))?;
+            (text, "standard input".to_owned())
+        }
+        _ => match arg.strip_prefix('@') {
+            Some(path) => {
+                let text =
+                    std::fs::read_to_string(path).map_err(|e| format!("reading {path}: {e}"))?;
+                (text, path.to_owned())
+            }
+            None => return serde_json::from_str(arg).map_err(|e| not_json(&e, "inline", arg)),
+        },
+    };
+    serde_json::from_str(&text).map_err(|e| not_json(&e, &from, arg))
+}
+
+fn not_json(error: &serde_json::Error, from: &str, arg: &str) -> String {
+    let hint = if from == "inline" && !arg.trim_start().starts_with(['{', '[']) {
+        " (a file is @path, standard input @-)"
+    } else {
+        ""
+    };
+    format!("{from}: not JSON: {error}{hint}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn data_is_inline_json_or_a_file_after_an_at_sign() {
+        assert_eq!(parse_data(r#"{"a": 1}"#), Ok(serde_json::json!({"a": 1})));
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("data.json");
+        std::fs::write(&file, r#"{"user": {"name": "Ada"}}"#).unwrap();
+        let at = format!("@{}", file.display());
+        assert_eq!(parse_data(&at).unwrap()["user"]["name"], "Ada");
+    }
+
+    #[test]
+    fn data_that_is_not_json_says_where_it_came_from() {
+        let err = parse_data("data.json").unwrap_err();
+        assert!(err.starts_with("inline: not JSON: "), "{err}");
+        assert!(
+            err.ends_with("(a file is @path, standard input @-)"),
+            "{err}"
+        );
+        let err = parse_data("@/nonexistent/data.json").unwrap_err();
+        assert!(err.starts_with("reading /nonexistent/data.json: "), "{err}");
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("broken.json");
+        std::fs::write(&file, "{").unwrap();
+        let err = parse_data(&format!("@{}", file.display())).unwrap_err();
+        assert!(
+            err.starts_with(&format!("{}: not JSON: ", file.display())),
+            "{err}"
+        );
     }
 }

@@ -1,15 +1,18 @@
 //! `mailroom templates check | preview`: what CI and a template author run before a deploy.
-//! `check` is [`Templates::load`], which compiles every file and renders every kind with its
-//! `sample.json` in strict mode in every locale; `preview` renders one kind as the worker would.
+//! `check` is [`Templates::check`], which compiles every file and renders every template with
+//! its kind's `sample.json` in strict mode, and reports every error, one `path:line:column:
+//! message` line each; `preview` renders one kind as the worker would.
 
+use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 use clap::{Args, Subcommand, ValueEnum};
 use lettre::message::Mailbox;
 
+use super::job::parse_data;
 use crate::job::EmailJob;
-use crate::render::RenderedEmail;
+use crate::render::{RenderedEmail, TemplateError, Templates};
 use crate::startup::load_templates;
 
 #[derive(Debug, Args)]
@@ -20,7 +23,8 @@ pub struct TemplatesArgs {
 
 #[derive(Debug, Subcommand)]
 pub enum TemplatesCommand {
-    /// Render every template with its sample.json, strictly, in every locale; exit ≠ 0 on error.
+    /// Render every template with its sample.json, strictly, in every locale; print every error
+    /// (path:line:column: message) and exit ≠ 0 if there is any.
     Check(CheckArgs),
     /// Render one kind as text, HTML, or a whole .eml message.
     Preview(Box<PreviewArgs>),
@@ -31,6 +35,9 @@ pub struct CheckArgs {
     /// Template directory.
     #[arg(long, env = "MAILROOM_TEMPLATES", default_value = "./templates")]
     pub templates: PathBuf,
+    /// Report only this kind's files (and the layouts and partials every kind shares).
+    #[arg(long)]
+    pub kind: Option<String>,
 }
 
 /// What `preview` prints.
@@ -51,12 +58,14 @@ pub struct PreviewArgs {
     pub templates: PathBuf,
     /// The kind (template folder) to render.
     pub kind: String,
-    /// Template data: a JSON file (default: the kind's sample.json).
-    #[arg(long)]
-    pub data: Option<PathBuf>,
+    /// Template data, as `enqueue --data` takes it: inline JSON, @path/to/file.json, or @- to
+    /// read standard input (default: the kind's sample.json).
+    #[arg(long, value_parser = preview_data)]
+    pub data: Option<serde_json::Value>,
     /// Locale, e.g. fr or pt-BR (default: the default templates).
     #[arg(long)]
     pub locale: Option<String>,
+    /// What to print.
     #[arg(long, value_enum, default_value = "text")]
     pub format: Format,
     /// Sender, for --format eml.
@@ -80,34 +89,123 @@ pub struct PreviewArgs {
 impl TemplatesArgs {
     pub fn run(&self) -> anyhow::Result<()> {
         match &self.command {
-            TemplatesCommand::Check(a) => check(&a.templates),
+            TemplatesCommand::Check(a) => check(a),
             TemplatesCommand::Preview(a) => preview(a),
         }
     }
 }
 
-fn check(dir: &Path) -> anyhow::Result<()> {
-    let (_, templates) = load_templates(dir).context("templates check failed")?;
-    for kind in templates.kinds() {
+fn check(a: &CheckArgs) -> anyhow::Result<()> {
+    let dir = std::path::absolute(&a.templates)
+        .with_context(|| format!("template directory {}", a.templates.display()))?;
+    let kinds = kind_folders(&dir);
+    if let Some(kind) = &a.kind {
+        known_kind(kind, &kinds)?;
+    }
+    match Templates::check(&dir) {
+        Ok(templates) => {
+            passed(&templates, a.kind.as_deref());
+            Ok(())
+        }
+        Err(errors) => failed(&dir, &kinds, a.kind.as_deref(), &errors),
+    }
+}
+
+/// Every error (of `only` and the shared files, when given) as `path:line:column: message` on
+/// stderr, `ok` for each kind without one, and the count as the command's error.
+fn failed(
+    dir: &Path,
+    kinds: &[String],
+    only: Option<&str>,
+    errors: &[TemplateError],
+) -> anyhow::Result<()> {
+    let shared = [dir.join("layouts"), dir.join("partials")];
+    let is_shared = |path: &Path| shared.iter().any(|s| path.starts_with(s));
+    let chosen = |path: &Path| only.is_none_or(|kind| path.starts_with(dir.join(kind)));
+    let shown: Vec<&TemplateError> = errors
+        .iter()
+        .filter(|e| chosen(e.path()) || is_shared(e.path()))
+        .collect();
+    for e in &shown {
+        eprintln!("{}", e.located());
+    }
+    let files: BTreeSet<&Path> = shown.iter().map(|e| e.path()).collect();
+    let clean = |kind: &String| {
+        !files
+            .iter()
+            .any(|f| f.starts_with(dir.join(kind)) || is_shared(f))
+    };
+    for kind in kinds
+        .iter()
+        .filter(|k| chosen(&dir.join(k)))
+        .filter(|k| clean(k))
+    {
         println!("ok  {kind}");
     }
+    if shown.is_empty() {
+        anyhow::bail!("templates check failed: other kinds have errors (run without --kind)");
+    }
+    let (n, m) = (shown.len(), files.len());
+    anyhow::bail!(
+        "templates check failed: {n} error{} in {m} file{} under {}",
+        plural(n),
+        plural(m),
+        dir.display()
+    )
+}
+
+/// The kinds passed: one line each, then the revision.
+fn passed(templates: &Templates, only: Option<&str>) {
+    let kinds: Vec<String> = templates
+        .kinds()
+        .into_iter()
+        .filter(|k| only.is_none_or(|o| o == k))
+        .collect();
+    for kind in &kinds {
+        println!("ok  {kind}");
+    }
+    let n = kinds.len();
     println!(
-        "{} kinds render their sample.json in every locale; revision {}",
-        templates.kinds().len(),
+        "{n} kind{} checked: every template renders its sample.json in every locale; revision {}",
+        plural(n),
         templates.revision()
     );
-    Ok(())
+}
+
+fn plural(n: usize) -> &'static str {
+    if n == 1 { "" } else { "s" }
+}
+
+/// The kind folders of a template directory, sorted, as far as it can be read.
+fn kind_folders(dir: &Path) -> Vec<String> {
+    let mut kinds: Vec<String> = std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|e| e.path().is_dir())
+        .filter_map(|e| e.file_name().into_string().ok())
+        .filter(|n| !n.starts_with('.') && n != "layouts" && n != "partials")
+        .collect();
+    kinds.sort();
+    kinds
+}
+
+/// Refuses a kind the directory has no folder for, naming those it has.
+fn known_kind(kind: &str, kinds: &[String]) -> anyhow::Result<()> {
+    if kinds.iter().any(|k| k == kind) {
+        return Ok(());
+    }
+    anyhow::bail!(
+        "no template for kind {kind:?}; the kinds are: {}",
+        kinds.join(", ")
+    )
 }
 
 fn preview(a: &PreviewArgs) -> anyhow::Result<()> {
     let (_, templates) = load_templates(&a.templates)?;
+    known_kind(&a.kind, &templates.kinds())?;
     let data = match &a.data {
-        Some(path) => {
-            let text = std::fs::read_to_string(path)
-                .with_context(|| format!("reading {}", path.display()))?;
-            serde_json::from_str(&text)
-                .with_context(|| format!("{}: not valid JSON", path.display()))?
-        }
+        Some(data) => data.clone(),
         None => templates
             .sample(&a.kind)
             .cloned()
@@ -126,6 +224,19 @@ fn preview(a: &PreviewArgs) -> anyhow::Result<()> {
         Format::Eml => print!("{}", eml(a, data, &rendered)?),
     }
     Ok(())
+}
+
+/// [`parse_data`], and the form `preview` took before it: a bare path to an existing file, read
+/// with a note to write `@path`, so scripts written for it keep working.
+fn preview_data(arg: &str) -> Result<serde_json::Value, String> {
+    let bare_file = !arg.starts_with('@') && arg != "-" && Path::new(arg).is_file();
+    if bare_file && serde_json::from_str::<serde_json::Value>(arg).is_err() {
+        eprintln!(
+            "note: --data {arg} reads the file for now; write --data @{arg}, as enqueue takes it"
+        );
+        return parse_data(&format!("@{arg}"));
+    }
+    parse_data(arg)
 }
 
 /// The whole MIME message a job of `a.kind` with `data` would be sent as.

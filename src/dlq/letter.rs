@@ -12,7 +12,7 @@ use lapin::{
 use lettre::message::Mailbox;
 use serde_json::{Value, json};
 
-use super::Entry;
+use super::{Class, Entry};
 use crate::broker;
 use crate::job::{MAX_KIND_LEN, mask_email};
 
@@ -81,7 +81,7 @@ fn cause(props: &BasicProperties) -> (String, String) {
     }
     let Some(death) = deaths(props).into_iter().next() else {
         return (
-            "unknown".into(),
+            Class::Unknown.to_string(),
             "no x-mailroom-error or x-death header".into(),
         );
     };
@@ -89,15 +89,15 @@ fn cause(props: &BasicProperties) -> (String, String) {
     // The broker dead-letters for the delivery limit (a job that crashes workers), and for a
     // worker's reject without requeue (the worker could not reach the dead-letter exchange).
     let class = if why == "delivery_limit" {
-        "poison"
+        Class::Poison
     } else {
-        "broker"
+        Class::Broker
     };
     let reason = format!(
         "dead-lettered by RabbitMQ: {why} in queue {} ({}×)",
         death.queue, death.count
     );
-    (class.into(), reason)
+    (class.to_string(), reason)
 }
 
 /// `a***@example.com`, with `+N` for further recipients; `?` when the body has none.

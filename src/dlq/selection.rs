@@ -1,8 +1,9 @@
 //! The operations on a [`Selection`]: replay, purge and dry run, each one pass over the queue
 //! that acts on the selected dead letters and leaves every other one where it was. The selection
-//! is built here once, for the CLI and the HTTP API alike ([`Selection::one_of`]). A replay publishes a copy with confirms *before* it removes the dead
-//! letter, so a crash in between leaves the job in both places (the claim deduplicates), never in
-//! neither.
+//! is built here once, for the CLI and the HTTP API alike ([`Selection::one_of`]): job ids, a
+//! kind, a [`Class`], or all, for replay and purge the same. A replay publishes a copy with
+//! confirms *before* it removes the dead letter, so a crash in between leaves the job in both
+//! places (the claim deduplicates), never in neither.
 
 use std::collections::BTreeMap;
 
@@ -11,7 +12,7 @@ use lapin::{Channel, message::Delivery};
 use serde::Serialize;
 
 use super::seal::{self, ReplayKey};
-use super::{DeadLetters, Entry, letter, unacked::Pass};
+use super::{Class, DeadLetters, Entry, letter, unacked::Pass};
 use crate::broker;
 use crate::db::Database;
 use crate::job::{EmailJob, mask_email};
@@ -23,7 +24,7 @@ pub enum Selection {
     /// These job ids (every dead letter of each).
     Ids(Vec<String>),
     Kind(String),
-    Class(String),
+    Class(Class),
     All,
 }
 
@@ -38,7 +39,7 @@ impl Selection {
     pub fn one_of(
         ids: Vec<String>,
         kind: Option<String>,
-        class: Option<String>,
+        class: Option<Class>,
         all: bool,
     ) -> Result<Selection, NotOneSelection> {
         let named = [!ids.is_empty(), kind.is_some(), class.is_some(), all];
@@ -57,7 +58,7 @@ impl Selection {
         match self {
             Selection::Ids(ids) => ids.contains(&e.job_id),
             Selection::Kind(k) => *k == e.kind,
-            Selection::Class(c) => *c == e.class,
+            Selection::Class(c) => c.as_str() == e.class,
             Selection::All => true,
         }
     }

@@ -31,7 +31,7 @@ fn a_filter_matches_only_when_every_field_it_sets_matches() {
     let at = |h| Some(entry("", "", "", "", h).failed_at.unwrap());
     let f = Filter {
         kind: Some("welcome".into()),
-        class: Some("template".into()),
+        class: Some(Class::Template),
         since: at(12),
         grep: Some("order-".into()),
     };
@@ -72,7 +72,7 @@ fn a_selection_by_ids_kind_or_class_takes_only_those() {
     assert!(Selection::Ids(vec!["b".into(), "a".into()]).matches(&e));
     assert!(!Selection::Ids(vec!["b".into()]).matches(&e));
     assert!(Selection::Kind("welcome".into()).matches(&e));
-    assert!(!Selection::Class("template".into()).matches(&e));
+    assert!(!Selection::Class(Class::Template).matches(&e));
     assert!(Selection::All.matches(&e));
 }
 
@@ -119,8 +119,8 @@ fn a_replay_or_purge_names_exactly_one_selection() {
         Ok(Selection::Kind("welcome".into()))
     );
     assert_eq!(
-        Selection::one_of(vec![], None, Some("template".into()), false),
-        Ok(Selection::Class("template".into()))
+        Selection::one_of(vec![], None, Some(Class::Template), false),
+        Ok(Selection::Class(Class::Template))
     );
     assert_eq!(
         Selection::one_of(vec![], None, None, true),
@@ -154,4 +154,54 @@ fn a_report_counts_as_left_only_the_selected_dead_letters_that_stayed() {
     let nothing = Report::default();
     assert!(nothing.found_none_of(&Selection::Ids(vec!["order-7".into()])));
     assert!(!nothing.found_none_of(&Selection::All));
+}
+
+#[test]
+fn a_masked_detail_holds_no_full_address_anywhere() {
+    let at = Utc::now();
+    let detail = Detail {
+        entry: entry("order-7", "welcome", "rejected", "550", 1),
+        job: serde_json::json!({
+            "to": ["Ada Lovelace <ada@example.com>"],
+            "cc": ["bob@example.org"],
+            "data": {"support": "help@shop.example", "items": [{"by": "carol@example.net"}], "n": 3}
+        }),
+        headers: serde_json::json!({"x-mailroom-error": "550 <ada@example.com> unknown"})
+            .as_object()
+            .unwrap()
+            .clone(),
+        deaths: vec![],
+        routing_key: "welcome".into(),
+        notification: Some(Row {
+            status: "dead".into(),
+            attempts: 1,
+            message_id: "<order-7.welcome@shop.example>".into(),
+            smtp_reply: Some("550 ada@example.com: no such user".into()),
+            last_error: Some("rejected ada@example.com".into()),
+            created_at: at,
+            updated_at: at,
+            sent_at: None,
+            template_revision: None,
+        }),
+    };
+    let masked = serde_json::to_string(&detail.clone().masked()).unwrap();
+    for address in [
+        "ada@example.com",
+        "bob@example.org",
+        "help@shop.example",
+        "carol@example.net",
+    ] {
+        assert!(!masked.contains(address), "{address} in {masked}");
+    }
+    assert!(
+        masked.contains("Ada Lovelace <a***@example.com>"),
+        "{masked}"
+    );
+    assert!(
+        masked.contains("550 a***@example.com: no such user"),
+        "{masked}"
+    );
+    assert!(masked.contains("\"n\":3"), "other values stay: {masked}");
+    let raw = serde_json::to_string(&detail).unwrap();
+    assert!(raw.contains("ada@example.com"), "unmasked until asked");
 }

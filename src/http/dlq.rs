@@ -1,8 +1,10 @@
 //! `/v1/dlq`: the dead-letter queue over HTTP, the same operations as `mailroom dlq` and the same
 //! JSON as its `--json` output (both call [`crate::dlq`]).
 //!
-//! - `GET /v1/dlq?kind=&class=&since=&grep=&summary=true`: the entries (or their counts).
-//! - `GET /v1/dlq/{job_id}`: that job's dead letters in full, with its ledger row.
+//! - `GET /v1/dlq?kind=&class=&since=&grep=&summary=true`: the entries (or their counts); a
+//!   class that is not one mailroom writes is a 400 listing the classes.
+//! - `GET /v1/dlq/{job_id}`: that job's dead letters in full, with its ledger row; every email
+//!   address masked unless `?reveal=true`, as `mailroom dlq show [--reveal]`.
 //! - `POST /v1/dlq/replay` `{"ids": [...]} | {"kind": K} | {"class": C} | {"all": true}`, plus
 //!   `"dry_run": true` to render against the live templates and change nothing.
 //! - `POST /v1/dlq/purge`, the same selection.
@@ -24,7 +26,7 @@ use serde::Deserialize;
 use serde_json::json;
 
 use super::{ApiState, error};
-use crate::dlq::{DeadLetters, Filter, Report, Selection, seal, summarize};
+use crate::dlq::{Class, DeadLetters, Detail, Filter, Report, Selection, seal, summarize};
 
 /// Query parameters of the listing, as the CLI's filters.
 #[derive(Debug, Default, Deserialize)]
@@ -36,6 +38,14 @@ pub(super) struct ListQuery {
     grep: Option<String>,
     #[serde(default)]
     summary: bool,
+}
+
+/// Query parameters of `show`.
+#[derive(Debug, Default, Deserialize)]
+pub(super) struct ShowQuery {
+    /// Email addresses in full instead of masked.
+    #[serde(default)]
+    reveal: bool,
 }
 
 /// The body of a replay or purge: exactly one selection.
@@ -62,9 +72,21 @@ fn parse(body: &[u8]) -> Result<(bool, Selection), Box<Response>> {
             &format!("body is not a selection: {e}"),
         ))
     })?;
-    let selection = Selection::one_of(body.ids, body.kind, body.class, body.all)
+    let class = class(body.class.as_deref())?;
+    let selection = Selection::one_of(body.ids, body.kind, class, body.all)
         .map_err(|why| Box::new(error(StatusCode::BAD_REQUEST, None, &why.to_string())))?;
     Ok((body.dry_run, selection))
+}
+
+/// The class a filter names, if any; an unknown one is a 400 that lists the classes.
+fn class(given: Option<&str>) -> Result<Option<Class>, Box<Response>> {
+    given.map(str::parse::<Class>).transpose().map_err(|e| {
+        Box::new(error(
+            StatusCode::BAD_REQUEST,
+            Some("class"),
+            &e.to_string(),
+        ))
+    })
 }
 
 async fn connect(state: &ApiState) -> anyhow::Result<DeadLetters> {
@@ -84,9 +106,13 @@ pub(super) async fn list(
         Some(Ok(at)) => Some(at),
         None => None,
     };
+    let class = match class(q.class.as_deref()) {
+        Ok(class) => class,
+        Err(response) => return *response,
+    };
     let filter = Filter {
         kind: q.kind,
-        class: q.class,
+        class,
         since,
         grep: q.grep,
     };
@@ -106,6 +132,7 @@ pub(super) async fn list(
 pub(super) async fn show(
     State(state): State<Arc<ApiState>>,
     Path(job_id): Path<String>,
+    Query(q): Query<ShowQuery>,
 ) -> Response {
     let dlq = match connect(&state).await {
         Ok(d) => d,
@@ -119,7 +146,8 @@ pub(super) async fn show(
             None,
             "no dead letter with that job id",
         ),
-        Ok(d) => Json(d).into_response(),
+        Ok(d) if q.reveal => Json(d).into_response(),
+        Ok(d) => Json(d.into_iter().map(Detail::masked).collect::<Vec<_>>()).into_response(),
         Err(e) => unavailable(&e),
     }
 }

@@ -21,6 +21,7 @@ pub enum RenderError {
         /// The file within the kind's folder (`html.fr.hbs`), or a shared one (`layouts/base.hbs`).
         file: String,
         line: Option<usize>,
+        column: Option<usize>,
         /// E.g. `variable "order.total" not found in the job data`.
         message: String,
     },
@@ -45,6 +46,7 @@ pub enum TemplateError {
     Syntax {
         path: PathBuf,
         line: Option<usize>,
+        column: Option<usize>,
         message: String,
     },
     /// The file parses but is not allowed: an unknown or recursive partial, unescaped output in
@@ -53,6 +55,7 @@ pub enum TemplateError {
     Invalid {
         path: PathBuf,
         line: Option<usize>,
+        column: Option<usize>,
         message: String,
     },
     /// A kind folder lacks `subject.hbs`, `html.hbs` or `sample.json`.
@@ -69,9 +72,76 @@ pub enum TemplateError {
         path: PathBuf,
         locale: Option<String>,
         error: Box<RenderError>,
+        /// The template file that failed (the kind's own, or a shared layout or partial).
+        template: PathBuf,
     },
     #[error("{}: no template folders found", dir.display())]
     Empty { dir: PathBuf },
+}
+
+impl TemplateError {
+    /// The error as a compiler states it, `path:line:column: message`, for `templates check`
+    /// and editors that jump to it: a sample that does not render points at the template line
+    /// that failed.
+    pub fn located(&self) -> String {
+        let (path, line, column, message) = match self {
+            TemplateError::Syntax {
+                path,
+                line,
+                column,
+                message,
+            }
+            | TemplateError::Invalid {
+                path,
+                line,
+                column,
+                message,
+            } => (path, *line, *column, message.clone()),
+            TemplateError::SampleJson { path, error } => (
+                path,
+                Some(error.line()),
+                Some(error.column()),
+                format!("not valid JSON: {error}"),
+            ),
+            TemplateError::Sample {
+                locale,
+                error,
+                template,
+                ..
+            } => {
+                let (line, column, what) = match error.as_ref() {
+                    RenderError::Template {
+                        line,
+                        column,
+                        message,
+                        ..
+                    } => (*line, *column, message.clone()),
+                    other => (None, None, other.to_string()),
+                };
+                let with = for_locale(locale);
+                let message = format!("{what} (rendering sample.json{with})");
+                (template, line, column, message)
+            }
+            other => return other.to_string(),
+        };
+        let at: String = [line, column]
+            .into_iter()
+            .map_while(|n| n.map(|n| format!(":{n}")))
+            .collect();
+        format!("{}{at}: {message}", path.display())
+    }
+
+    /// The file the error is about.
+    pub fn path(&self) -> &std::path::Path {
+        match self {
+            TemplateError::Io { path, .. }
+            | TemplateError::Syntax { path, .. }
+            | TemplateError::Invalid { path, .. }
+            | TemplateError::SampleJson { path, .. } => path,
+            TemplateError::Sample { template, .. } => template,
+            TemplateError::MissingFile { dir, .. } | TemplateError::Empty { dir } => dir,
+        }
+    }
 }
 
 fn at_line(line: &Option<usize>) -> String {
@@ -96,6 +166,7 @@ pub(super) fn from_handlebars(
         kind: kind.to_owned(),
         file: file_of(kind, failed_in),
         line: error.line_no,
+        column: error.column_no,
         message: describe(error.reason()),
     }
 }

@@ -13,8 +13,11 @@ use handlebars::template::{Template, TemplateElement};
 
 use super::TemplateError;
 
-/// The partial a template refers to at a line; `None` for a name computed at render time.
-type Reference = (Option<String>, Option<usize>);
+/// Where in a file: line and column, from handlebars' mapping.
+type At = Option<(usize, usize)>;
+
+/// The partial a template refers to, and where; `None` for a name computed at render time.
+type Reference = (Option<String>, At);
 
 /// Collects every template's partial references, then checks them all at once.
 #[derive(Default)]
@@ -23,6 +26,8 @@ pub(super) struct Partials {
     graph: BTreeMap<String, BTreeSet<String>>,
     paths: BTreeMap<String, PathBuf>,
     uses: Vec<(PathBuf, Vec<Reference>)>,
+    /// Whether a template holds a decorator, which may include itself.
+    decorators: bool,
 }
 
 impl Partials {
@@ -33,7 +38,9 @@ impl Partials {
         template: &Template,
         path: &Path,
     ) -> Result<(), TemplateError> {
-        let refs = references(template, path)?;
+        let refs = self
+            .references(template, path)
+            .inspect_err(|_| self.add_broken(name, path))?;
         let includes = refs.iter().filter_map(|(n, _)| n.clone()).collect();
         self.graph.insert(name.to_owned(), includes);
         self.paths.insert(name.to_owned(), path.to_owned());
@@ -43,15 +50,23 @@ impl Partials {
 
     /// Records a kind's template.
     pub fn add_template(&mut self, template: &Template, path: &Path) -> Result<(), TemplateError> {
-        let refs = references(template, path)?;
+        let refs = self.references(template, path)?;
         self.uses.push((path.to_owned(), refs));
         Ok(())
     }
 
-    /// Every reference resolves to a registered partial, and none recurses.
-    pub fn check(&self) -> Result<(), TemplateError> {
+    /// Records a layout or partial that did not compile, so references to it are not reported
+    /// as missing on top of its own error.
+    pub fn add_broken(&mut self, name: &str, path: &Path) {
+        self.graph.insert(name.to_owned(), BTreeSet::new());
+        self.paths.insert(name.to_owned(), path.to_owned());
+    }
+
+    /// Every reference that resolves to no registered partial, and a loop if there is one.
+    pub fn check(&self) -> Vec<TemplateError> {
+        let mut errors = Vec::new();
         for (path, refs) in &self.uses {
-            for (name, line) in refs {
+            for (name, at) in refs {
                 let message = match name {
                     None => "a partial name computed at render time is not allowed".to_owned(),
                     Some(n) if n == "@partial-block" => continue,
@@ -61,10 +76,28 @@ impl Partials {
                          partials/<name>, one per .hbs file"
                     ),
                 };
-                return Err(invalid(path, *line, message));
+                errors.push(invalid(path, *at, message));
             }
         }
-        self.check_cycles()
+        errors.extend(self.check_cycles().err());
+        errors
+    }
+
+    /// Whether rendering could recurse without end (a decorator, or partials in a loop): then
+    /// no sample may be rendered, as the recursion would overflow the stack and abort.
+    pub fn may_recurse(&self) -> bool {
+        self.decorators || self.check_cycles().is_err()
+    }
+
+    /// [`references`], noting a decorator.
+    fn references(
+        &mut self,
+        template: &Template,
+        path: &Path,
+    ) -> Result<Vec<Reference>, TemplateError> {
+        let refs = references(template, path);
+        self.decorators |= refs.is_err();
+        refs
     }
 
     fn check_cycles(&self) -> Result<(), TemplateError> {
@@ -109,15 +142,15 @@ impl Partials {
 /// Refuses `{{{x}}}` and `{{&x}}`, which write job data into HTML unescaped.
 pub(super) fn no_raw_output(template: &Template, path: &Path) -> Result<(), TemplateError> {
     let mut found = None;
-    visit(template, &mut |element, line| {
+    visit(template, &mut |element, at| {
         if found.is_none() && matches!(element, TemplateElement::HtmlExpression(_)) {
-            found = Some(line);
+            found = Some(at);
         }
     });
     match found {
-        Some(line) => Err(invalid(
+        Some(at) => Err(invalid(
             path,
-            line,
+            at,
             "{{{…}}} and {{&…}} skip HTML escaping and are not allowed; use {{…}}".to_owned(),
         )),
         None => Ok(()),
@@ -128,19 +161,19 @@ pub(super) fn no_raw_output(template: &Template, path: &Path) -> Result<(), Temp
 fn references(template: &Template, path: &Path) -> Result<Vec<Reference>, TemplateError> {
     let mut refs = Vec::new();
     let mut decorator = None;
-    visit(template, &mut |element, line| match element {
+    visit(template, &mut |element, at| match element {
         TemplateElement::PartialExpression(d) | TemplateElement::PartialBlock(d) => {
-            refs.push((d.name.as_name().map(str::to_owned), line));
+            refs.push((d.name.as_name().map(str::to_owned), at));
         }
         TemplateElement::DecoratorExpression(_) | TemplateElement::DecoratorBlock(_) => {
-            decorator.get_or_insert(line);
+            decorator.get_or_insert(at);
         }
         _ => {}
     });
     match decorator {
-        Some(line) => Err(invalid(
+        Some(at) => Err(invalid(
             path,
-            line,
+            at,
             "decorators such as {{#*inline}} are not supported; put a shared piece in \
              partials/<name>.hbs"
                 .to_owned(),
@@ -149,10 +182,10 @@ fn references(template: &Template, path: &Path) -> Result<Vec<Reference>, Templa
     }
 }
 
-/// Calls `f` on every element of `template` and its nested blocks, with its line.
-fn visit(template: &Template, f: &mut dyn FnMut(&TemplateElement, Option<usize>)) {
+/// Calls `f` on every element of `template` and its nested blocks, with its line and column.
+fn visit(template: &Template, f: &mut dyn FnMut(&TemplateElement, At)) {
     for (index, element) in template.elements.iter().enumerate() {
-        f(element, template.mapping.get(index).map(|m| m.0));
+        f(element, template.mapping.get(index).map(|m| (m.0, m.1)));
         let nested: Vec<&Template> = match element {
             TemplateElement::HelperBlock(h)
             | TemplateElement::Expression(h)
@@ -171,10 +204,11 @@ fn visit(template: &Template, f: &mut dyn FnMut(&TemplateElement, Option<usize>)
     }
 }
 
-fn invalid(path: &Path, line: Option<usize>, message: String) -> TemplateError {
+fn invalid(path: &Path, at: At, message: String) -> TemplateError {
     TemplateError::Invalid {
         path: path.to_owned(),
-        line,
+        line: at.map(|(line, _)| line),
+        column: at.map(|(_, column)| column),
         message,
     }
 }

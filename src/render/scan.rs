@@ -44,101 +44,137 @@ pub(super) struct KindDir {
     pub sample: Source,
 }
 
-/// Reads `dir`. Hidden entries are skipped, and so are plain files at the top (a README).
-pub(super) fn scan(dir: &Path) -> Result<Tree, TemplateError> {
+/// Reads `dir`: the tree of every folder that reads well, and the errors of the others (each
+/// bad file and each missing one). Hidden entries are skipped, and so are plain files at the
+/// top (a README). Only a directory that cannot be read, or holds no kind, fails outright.
+pub(super) fn scan(dir: &Path) -> Result<(Tree, Vec<TemplateError>), TemplateError> {
     let mut tree = Tree {
         shared: Vec::new(),
         kinds: Vec::new(),
     };
+    let mut errors = Vec::new();
     for (name, path) in entries(dir)? {
         if !path.is_dir() {
             continue;
         }
         if SHARED_FOLDERS.contains(&name.as_str()) {
-            tree.shared.extend(scan_shared(&name, &path)?);
+            tree.shared.extend(scan_shared(&name, &path, &mut errors));
         } else {
-            tree.kinds.push(scan_kind(name, path)?);
+            match scan_kind(name, path) {
+                Ok(kind) => tree.kinds.push(kind),
+                Err(kind_errors) => errors.extend(kind_errors),
+            }
         }
     }
-    if tree.kinds.is_empty() {
+    if tree.kinds.is_empty() && errors.is_empty() {
         return Err(TemplateError::Empty {
             dir: dir.to_owned(),
         });
     }
-    Ok(tree)
+    Ok((tree, errors))
 }
 
-/// `layouts/*.hbs` or `partials/*.hbs`; other files are ignored.
-fn scan_shared(folder: &str, dir: &Path) -> Result<Vec<Source>, TemplateError> {
+/// `layouts/*.hbs` or `partials/*.hbs`; other files are ignored, bad ones go to `errors`.
+fn scan_shared(folder: &str, dir: &Path, errors: &mut Vec<TemplateError>) -> Vec<Source> {
     let mut sources = Vec::new();
-    for (name, path) in entries(dir)? {
+    let found = match entries(dir) {
+        Ok(found) => found,
+        Err(e) => {
+            errors.push(e);
+            return sources;
+        }
+    };
+    for (name, path) in found {
         if path.is_dir() {
-            return Err(invalid(path, "sub-folders are not supported here"));
+            errors.push(invalid(path, "sub-folders are not supported here"));
+            continue;
         }
         let Some(stem) = name.strip_suffix(".hbs") else {
             continue;
         };
         if !is_kind_name(stem) {
             let why = "a partial name may hold only A-Z, a-z, 0-9, '_' and '-'";
-            return Err(invalid(path, why));
+            errors.push(invalid(path, why));
+            continue;
         }
-        sources.push(read(format!("{folder}/{name}"), path)?);
+        match read(format!("{folder}/{name}"), path) {
+            Ok(source) => sources.push(source),
+            Err(e) => errors.push(e),
+        }
     }
-    Ok(sources)
+    sources
 }
 
-fn scan_kind(name: String, dir: PathBuf) -> Result<KindDir, TemplateError> {
+/// One kind's folder, or every reason it cannot be one.
+fn scan_kind(name: String, dir: PathBuf) -> Result<KindDir, Vec<TemplateError>> {
     if !is_kind_name(&name) {
         let why = "a template folder name is 1 to 64 characters of A-Z, a-z, 0-9, '_' or '-'";
-        return Err(invalid(dir, why));
+        return Err(vec![invalid(dir, why)]);
     }
-    let (parts, sample) = read_kind_files(&name, &dir)?;
-    let missing = |file| TemplateError::MissingFile {
-        dir: dir.clone(),
-        file,
-    };
+    let (parts, sample, mut errors) = read_kind_files(&name, &dir);
     for (part, file) in [(Part::Subject, "subject.hbs"), (Part::Html, "html.hbs")] {
-        if !parts
-            .iter()
-            .any(|(p, locale, _)| *p == part && locale.is_none())
-        {
-            return Err(missing(file));
+        let has = |(p, locale, _): &(Part, Option<String>, Source)| *p == part && locale.is_none();
+        if !parts.iter().any(has) {
+            let dir = dir.clone();
+            errors.push(TemplateError::MissingFile { dir, file });
         }
     }
-    let sample = sample.ok_or_else(|| missing("sample.json"))?;
-    Ok(KindDir {
-        name,
-        parts,
-        sample,
-    })
+    if sample.is_none() {
+        let file = "sample.json";
+        errors.push(TemplateError::MissingFile { dir, file });
+    }
+    match sample {
+        Some(sample) if errors.is_empty() => Ok(KindDir {
+            name,
+            parts,
+            sample,
+        }),
+        _ => Err(errors),
+    }
 }
 
-/// A kind folder's templates (part, lowercased locale, text) and its sample, if any.
-type KindFiles = (Vec<(Part, Option<String>, Source)>, Option<Source>);
+/// A kind folder's templates (part, lowercased locale, text), its sample if any, and the
+/// errors of its other files.
+type KindFiles = (
+    Vec<(Part, Option<String>, Source)>,
+    Option<Source>,
+    Vec<TemplateError>,
+);
 
 /// The templates and the `sample.json` of the kind folder `dir`, each read; a sub-folder or a
-/// `.hbs` file of another name is refused.
-fn read_kind_files(name: &str, dir: &Path) -> Result<KindFiles, TemplateError> {
-    let mut parts = Vec::new();
-    let mut sample = None;
-    for (file, path) in entries(dir)? {
+/// `.hbs` file of another name is an error, and the other files are still read.
+fn read_kind_files(name: &str, dir: &Path) -> KindFiles {
+    let (mut parts, mut sample, mut errors) = (Vec::new(), None, Vec::new());
+    let found = match entries(dir) {
+        Ok(found) => found,
+        Err(e) => return (parts, sample, vec![e]),
+    };
+    for (file, path) in found {
         if path.is_dir() {
             let why = "sub-folders are not supported in a template folder";
-            return Err(invalid(path, why));
+            errors.push(invalid(path, why));
+            continue;
         }
         let rel = format!("{name}/{file}");
         if file == "sample.json" {
-            sample = Some(read(rel, path)?);
+            match read(rel, path) {
+                Ok(source) => sample = Some(source),
+                Err(e) => errors.push(e),
+            }
         } else if file.ends_with(".hbs") {
             let Some((part, locale)) = parse_file_name(&file) else {
                 let why = "expected subject.hbs, html.hbs or text.hbs, optionally with a locale \
                            such as html.fr.hbs or html.pt-BR.hbs";
-                return Err(invalid(path, why));
+                errors.push(invalid(path, why));
+                continue;
             };
-            parts.push((part, locale, read(rel, path)?));
+            match read(rel, path) {
+                Ok(source) => parts.push((part, locale, source)),
+                Err(e) => errors.push(e),
+            }
         }
     }
-    Ok((parts, sample))
+    (parts, sample, errors)
 }
 
 /// `html.pt-BR.hbs` → `(Html, Some("pt-br"))`.
@@ -208,6 +244,7 @@ fn invalid(path: PathBuf, message: &str) -> TemplateError {
     TemplateError::Invalid {
         path,
         line: None,
+        column: None,
         message: message.to_owned(),
     }
 }

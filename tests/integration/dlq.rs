@@ -10,6 +10,9 @@ use serde_json::{Value, json};
 
 use crate::helpers::*;
 
+mod filters;
+mod show;
+
 /// A dead letter as the worker publishes it to `<ns>.dlx`.
 struct Letter {
     kind: String,

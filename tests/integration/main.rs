@@ -10,6 +10,7 @@ mod helpers;
 
 mod binlog;
 mod crash;
+mod data_syntax;
 mod database_refused;
 mod delivery;
 mod disruptive;

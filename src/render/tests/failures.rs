@@ -15,7 +15,7 @@ fn missing_variable_names_the_variable_file_and_line() {
 
     assert!(matches!(
         &error,
-        RenderError::Template { kind, file, line: Some(_), message }
+        RenderError::Template { kind, file, line: Some(_), column: Some(_), message }
             if kind == "order_confirmation" && file == "html.hbs" && message.contains("order.total")
     ));
     assert_eq!(

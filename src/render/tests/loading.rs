@@ -170,3 +170,72 @@ fn empty_or_absent_directory_is_refused() {
     assert!(matches!(error, TemplateError::Io { .. }), "{error}");
     assert!(error.to_string().starts_with("cannot read "), "{error}");
 }
+
+#[test]
+fn check_reports_every_error_of_every_template_with_line_and_column() {
+    let dir = fixture_with(&[
+        ("k/text.hbs", "Hello\n  {{nmae}}\n"),
+        ("k/html.fr.hbs", "<p>\n  {{#if name}}\n</p>\n"),
+        ("j/subject.hbs", "Hi {{first}}\n"),
+        (
+            "j/html.hbs",
+            "<p>{{name}}</p>\n<p>{{{raw}}}</p>\n<p>{{last}}</p>\n",
+        ),
+        ("j/sample.json", r#"{"name": "Ada"}"#),
+        ("partials/x.hbs", "{{> partials/nope}}"),
+    ]);
+    let errors = Templates::check(dir.path()).unwrap_err();
+    let located: Vec<String> = errors
+        .iter()
+        .map(|e| {
+            e.located()
+                .replace(&dir.path().display().to_string(), "<dir>")
+        })
+        .collect();
+    assert_eq!(
+        located,
+        [
+            "<dir>/j/html.hbs:2:4: {{{…}}} and {{&…}} skip HTML escaping and are not allowed; use {{…}}",
+            "<dir>/k/html.fr.hbs:4:1: invalid handlebars syntax: expected escape, expression, \
+             html_expression, decorator_expression, partial_expression, invert_tag, \
+             invert_chain_tag, helper_block_start, helper_block_end, decorator_block_start, \
+             partial_block_start, raw_block_start, hbs_comment, or hbs_comment_compact",
+            "<dir>/partials/x.hbs:1:1: partial \"partials/nope\" does not exist; shared partials are \
+             layouts/<name> and partials/<name>, one per .hbs file",
+            "<dir>/j/subject.hbs:1:4: variable \"first\" not found in the job data (rendering sample.json)",
+            "<dir>/j/html.hbs:3:4: variable \"last\" not found in the job data (rendering sample.json)",
+            "<dir>/k/text.hbs:2:3: variable \"nmae\" not found in the job data (rendering sample.json)",
+        ],
+        "{located:#?}"
+    );
+    let first = Templates::load(dir.path()).unwrap_err();
+    assert_eq!(
+        first.to_string(),
+        errors[0].to_string(),
+        "load refuses with the first"
+    );
+}
+
+#[test]
+fn a_broken_file_hides_no_error_of_the_others() {
+    let dir = fixture_with(&[
+        ("k/subject.hbs", "Hello {{nmae}}\n"),
+        ("k/html.hbs", "<p>{{also_missing}}</p>\n"),
+        ("partials/broken.hbs", "{{#if x}}"),
+        ("bad name/html.hbs", ""),
+        ("m/html.hbs", "<p>x</p>"),
+    ]);
+    let errors = Templates::check(dir.path()).unwrap_err();
+    let text: Vec<String> = errors.iter().map(|e| e.located()).collect();
+    let has = |needle: &str| text.iter().any(|t| t.contains(needle));
+    assert!(has("bad name: a template folder name"), "{text:#?}");
+    assert!(has("m: template folder has no subject.hbs"), "{text:#?}");
+    assert!(has("m: template folder has no sample.json"), "{text:#?}");
+    assert!(has("partials/broken.hbs:"), "{text:#?}");
+    assert!(has("k/subject.hbs:1:7: variable \"nmae\""), "{text:#?}");
+    assert!(
+        has("k/html.hbs:1:4: variable \"also_missing\""),
+        "{text:#?}"
+    );
+    assert_eq!(errors.len(), 6, "{text:#?}");
+}
