@@ -325,7 +325,7 @@ fn judge(
     }
 }
 
-/// The AMQP properties of a job message, as the README's "The job" fixes them.
+/// The AMQP properties of a job message, as docs/PRODUCERS.md's "The job" fixes them.
 pub fn job_properties(job_id: &str, kind: &str, attempt: i64) -> BasicProperties {
     BasicProperties::default()
         .with_message_id(job_id.into())

@@ -1,5 +1,5 @@
 //! Rendering: turns a job's kind, locale and data into a subject, an HTML part and an optional
-//! text part, using the Handlebars templates of one directory (README, "Templates").
+//! text part, using the Handlebars templates of one directory (docs/OPERATING.md, "Templates").
 //!
 //! ```text
 //! templates/<kind>/subject.hbs, html.hbs, text.hbs (optional), sample.json

@@ -139,7 +139,7 @@ impl Wakeup {
 fn log_fallback(why: &Unavailable, poll_max: Duration) {
     let hint = match why {
         Unavailable::Failed(_) | Unavailable::Unreachable(_) => "",
-        _ => " (README: \"Waking the relay on MySQL/MariaDB\")",
+        _ => " (docs/OPERATING.md: \"Waking the relay on MySQL/MariaDB\")",
     };
     tracing::warn!(
         poll_max = ?poll_max,

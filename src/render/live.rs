@@ -1,6 +1,6 @@
 //! Live template editing: the set a running process sends with, swapped atomically when the
-//! directory changes (README, "Templates": a broken edit is rejected and the last good set
-//! keeps sending).
+//! directory changes (docs/OPERATING.md, "Templates": a broken edit is rejected and the last
+//! good set keeps sending).
 //!
 //! [`LiveTemplates::watch`] polls a fingerprint of the directory (every file's path and bytes)
 //! every `--template-reload-interval`, and reloads at once on [`LiveTemplates::request_reload`]

@@ -56,7 +56,7 @@
 //! - without the fence, two live workers send one job twice with no fault at all;
 //! - a reply lost to a live worker under `resend` is a window of its own: the worker records
 //!   `uncertain` and its retry takes the row over and sends again, no crash, nothing
-//!   unrecorded (README's W2; the protocol as first written for issue 12 named a lost reply
+//!   unrecorded (docs/GUARANTEES.md's W2; the protocol as first written named a lost reply
 //!   only together with a crash).
 
 mod step;
@@ -142,7 +142,7 @@ pub(super) struct Row {
 }
 
 /// The state of an accepted email whose `sent` is not written: this is what a takeover finds
-/// when it resends, and what explains the duplicate (the README's windows).
+/// when it resends, and what explains the duplicate (the windows of docs/GUARANTEES.md).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub(super) enum Unrecorded {
     /// Its holder is still at it (waiting for the reply, or recording `sent`).
@@ -228,9 +228,9 @@ pub(super) enum Outcome {
 }
 
 /// How many times a claim whose email was accepted, `sent` unwritten, was taken over (the only
-/// way to a second send), by what its holder had become. README's W1 is `crashed` (the holder
-/// died) and `unrecorded` (alive, it could not commit `sent` within its lease: still recording,
-/// or given up); README's W2 is `reply_lost` (alive, the reply to the dot never came). A
+/// way to a second send), by what its holder had become. GUARANTEES.md's W1 is `crashed` (the
+/// holder died) and `unrecorded` (alive, it could not commit `sent` within its lease: still
+/// recording, or given up); its W2 is `reply_lost` (alive, the reply to the dot never came). A
 /// takeover while the holder still waits for its reply counts as no window: the fence must
 /// make that impossible.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]

@@ -218,7 +218,7 @@ impl Worker {
     /// A claim whose commit failed may still have committed (the connection broke during the
     /// COMMIT): give it back by its token, so it is neither counted as an attempt nor left
     /// `sending` until its lease ends. If the database cannot be reached for that either, the
-    /// row keeps its lease (README, Guarantees: a claim with an unknown outcome).
+    /// row keeps its lease (docs/GUARANTEES.md: a claim with an unknown outcome).
     async fn release_unknown_claim(&self, request: &ClaimRequest<'_>) {
         let db = self.ledger.database();
         let reason = "claim outcome unknown (the database failed during the claim); given back";

@@ -148,7 +148,7 @@ fn under_dead_letter_a_job_is_sent_at_most_once_and_always_ends() {
 fn a_reply_lost_to_a_live_worker_under_resend_is_a_window_of_its_own() {
     // The protocol as first written for issue 12 named a lost reply only with a crash (W1).
     // Alive, the worker records `uncertain`, and under `resend` its retry takes that row over
-    // and sends again: no crash, nothing unrecorded (README's W2 names it).
+    // and sends again: no crash, nothing unrecorded (docs/GUARANTEES.md's W2 names it).
     let run = Run::of(OnUncertain::Resend);
     let (steps, last) = until(run.assert_reached(WORDED), |w| w.accepted == 2);
     eprintln!("a duplicate with no crash and nothing unrecorded: {steps:?}");
