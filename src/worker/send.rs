@@ -12,6 +12,7 @@ use super::Worker;
 use super::lease::{Deadline, RECORD_BUDGET};
 use super::outcome::{ErrorClass, Outcome};
 use super::process::Claimed;
+use super::stats::Stats;
 use crate::config::OnUncertain;
 use crate::db::LedgerStatus;
 use crate::db::Record;
@@ -93,6 +94,7 @@ impl Worker {
         self.breaker.record(&sent);
         if let Err(e) = &sent {
             let window = if matches!(e, SendError::Uncertain { .. }) {
+                Stats::bump(&self.stats.open_windows);
                 "uncertain"
             } else {
                 "failed"
@@ -189,10 +191,12 @@ impl Worker {
                 Outcome::Ack { duplicate: false }
             }
             Ok(false) => {
+                Stats::bump(&self.stats.open_windows);
                 tracing::warn!(target: WINDOW, window = "taken-over", "sent, but the claim had been taken over; the new holder decides");
                 Outcome::Ack { duplicate: false }
             }
             Err(e) => {
+                Stats::bump(&self.stats.open_windows);
                 tracing::debug!(target: WINDOW, window = "unrecorded", error = %e, "sent, but could not record it");
                 self.retry(
                     self.settings.lease,

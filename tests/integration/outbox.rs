@@ -1,6 +1,7 @@
 //! The producer side: the transactional outbox, the relay, and what reaches the SMTP server.
 
 use std::collections::HashSet;
+use std::sync::atomic::Ordering;
 
 use mailroom::db::Engine;
 use mailroom::db::outbox::Enqueued;
@@ -186,9 +187,11 @@ async fn two_relays_on_5000_rows_send_every_job_exactly_once() {
     })
     .await;
     let published = a.published() + b.published();
+    let worker_stats = worker.stats.clone();
     a.stop().await;
     b.stop().await;
     worker.stop().await;
+    let open_windows = worker_stats.open_windows.load(Ordering::Relaxed);
     assert_eq!(
         published, total as u64,
         "no row was published by both relays"
@@ -198,7 +201,14 @@ async fn two_relays_on_5000_rows_send_every_job_exactly_once() {
         .map(|r| r.message_id.clone().unwrap())
         .collect();
     assert_eq!(ids.len(), total);
-    assert_eq!(app.smtp.received().len(), total);
+    // On a starved machine a reply can outlast the 2 s SMTP timeout after the final dot (W2):
+    // the worker resends, with the same Message-ID. Each extra copy needs a window the worker
+    // counted; an unexplained one fails.
+    let extra = app.smtp.received().len() - total;
+    assert!(
+        extra as u64 <= open_windows,
+        "{extra} extra emails, but only {open_windows} sends left their window open"
+    );
 }
 
 #[tokio::test]

@@ -3,6 +3,8 @@
 //! final dot, a greeting that never comes, a refused connection, a session cap. Every case ends
 //! in the state the failure table of the README promises, with the emails counted at the server.
 
+use std::sync::atomic::Ordering;
+
 use crate::helpers::*;
 
 /// What a case must end in.
@@ -108,6 +110,7 @@ reply_code_cases! {
 async fn lost_reply_case(mode: &str, policy: &str) {
     let app = TestApp::spawn_with(&["--lose-reply", &format!("{mode}:1")]).await;
     let worker = app.start_worker(&["--on-uncertain", policy]);
+    let worker_stats = worker.stats.clone();
     let job_id = format!("lost-{mode}-{policy}");
     let mid = app.message_id(&job_id, "welcome");
     app.publish(&app.job(&job_id)).await;
@@ -144,6 +147,12 @@ async fn lost_reply_case(mode: &str, policy: &str) {
         }
         other => unreachable!("{other}"),
     }
+    // The lost reply is a window the worker counts (`mailroom_open_windows_total`).
+    assert_eq!(
+        worker_stats.open_windows.load(Ordering::Relaxed),
+        1,
+        "{mode}/{policy}"
+    );
     app.drain_duplicates().await;
     assert_eq!(app.smtp.received().len(), app.smtp.count(&mid));
 }

@@ -78,7 +78,7 @@ fn dead_lettered(out: &mut String, w: &Stats) {
     }
 }
 
-/// Settles the broker may have missed, and claims given back unused.
+/// Settles the broker may have missed, claims given back unused, and windows left open.
 fn unsettled(out: &mut String, w: &Stats) {
     counter(
         out,
@@ -91,6 +91,12 @@ fn unsettled(out: &mut String, w: &Stats) {
         "mailroom_claims_given_back_total",
         "Claims given back unused: their lease could no longer cover a whole send and its record.",
         w.given_back.load(Ordering::Relaxed),
+    );
+    counter(
+        out,
+        "mailroom_open_windows_total",
+        "Sends that may have reached the SMTP server without sent being recorded (a lost reply after the final dot, a record that failed, a claim taken over): each may explain one duplicate.",
+        w.open_windows.load(Ordering::Relaxed),
     );
 }
 
