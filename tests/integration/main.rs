@@ -26,6 +26,7 @@ mod metrics;
 mod once;
 mod outbox;
 mod poison;
+mod producers;
 mod proxy_faults;
 mod security;
 mod smtp_faults;
