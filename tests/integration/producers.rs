@@ -1,11 +1,13 @@
-//! Producers in Python (examples/: plain DB-API, Django, SQLAlchemy) against the test's own
-//! database: each commits one order with its email, rolls one back, and is run again with the
-//! committed order's id; the outbox and the business table hold what they should, and a relay
-//! and a worker deliver exactly the committed email to the SMTP server.
+//! The producer examples (examples/: Python's plain DB-API, Django and SQLAlchemy; Rails'
+//! Active Record) against the test's own database: each commits one order with its email,
+//! rolls one back, and is run again with the committed order's id; the outbox and the business
+//! table hold what they should, and a relay and a worker deliver exactly the committed email
+//! to the SMTP server.
 //!
-//! The examples run in a virtualenv made from examples/requirements.txt by Debian's
+//! The Python examples run in a virtualenv made from examples/requirements.txt by Debian's
 //! /usr/bin/python3 (package python3-venv), once per run of the suite and cached across runs
-//! under `target/tmp/`, keyed by the hash of the requirements file.
+//! under `target/tmp/`, keyed by the hash of the requirements file. The Ruby one runs on
+//! Debian's ruby-activerecord, ruby-pg and ruby-mysql2 (installed by `scripts/services`).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -17,6 +19,9 @@ use crate::helpers::*;
 
 /// Debian's interpreter, which `scripts/services` gives its `venv` module (python3-venv).
 const SYSTEM_PYTHON: &str = "/usr/bin/python3";
+
+/// Debian's Ruby, with Active Record from Debian's packages.
+const RUBY: &str = "/usr/bin/ruby";
 
 fn examples() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("examples")
@@ -106,11 +111,10 @@ async fn place_order(
     stdout
 }
 
-/// The whole check for one example, whose business rows go to `table`.
-async fn example_sends_the_committed_order_once(script: &str, table: &str) {
-    let python = python();
+/// The whole check for one example, run by `interpreter`, whose business rows go to `table`.
+async fn example_sends_the_committed_order_once(interpreter: &Path, script: &str, table: &str) {
     let app = TestApp::spawn().await;
-    let run = |order, rollback| place_order(&python, &app, script, order, rollback);
+    let run = |order, rollback| place_order(interpreter, &app, script, order, rollback);
 
     let out = run(7, true).await;
     assert!(out.contains("order 7 rolled back"), "{out}");
@@ -151,15 +155,25 @@ async fn example_sends_the_committed_order_once(script: &str, table: &str) {
 
 #[tokio::test]
 async fn the_db_api_example_sends_a_committed_order_once_and_reports_a_rerun_as_queued() {
-    example_sends_the_committed_order_once("outbox.py", "orders").await;
+    example_sends_the_committed_order_once(&python(), "outbox.py", "orders").await;
 }
 
 #[tokio::test]
 async fn the_django_example_sends_a_committed_order_once_and_reports_a_rerun_as_queued() {
-    example_sends_the_committed_order_once("django_outbox.py", "shop_order").await;
+    example_sends_the_committed_order_once(&python(), "django_outbox.py", "shop_order").await;
 }
 
 #[tokio::test]
 async fn the_sqlalchemy_example_sends_a_committed_order_once_and_reports_a_rerun_as_queued() {
-    example_sends_the_committed_order_once("sqlalchemy_outbox.py", "sa_orders").await;
+    example_sends_the_committed_order_once(&python(), "sqlalchemy_outbox.py", "sa_orders").await;
+}
+
+#[tokio::test]
+async fn the_rails_example_sends_a_committed_order_once_and_reports_a_rerun_as_queued() {
+    let ruby = Path::new(RUBY);
+    assert!(
+        ruby.exists(),
+        "apt-get install ruby ruby-activerecord ruby-pg ruby-mysql2 (scripts/services does)"
+    );
+    example_sends_the_committed_order_once(ruby, "rails_outbox.rb", "rails_orders").await;
 }
