@@ -6,8 +6,9 @@
 //!
 //! The Python examples run in a virtualenv made from examples/requirements.txt by Debian's
 //! /usr/bin/python3 (package python3-venv), once per run of the suite and cached across runs
-//! under `target/tmp/`, keyed by the hash of the requirements file. The Ruby one runs on
-//! Debian's ruby-activerecord, ruby-pg and ruby-mysql2 (installed by `scripts/services`).
+//! under `target/tmp/`, keyed by the hash of the requirements file and the Python version. The
+//! Ruby one runs on Debian's ruby-activerecord, ruby-pg and ruby-mysql2 (installed by
+//! `scripts/services`).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -28,13 +29,19 @@ fn examples() -> PathBuf {
 }
 
 /// The virtualenv's interpreter. Made once per process (tests wait for the first one, in
-/// `OnceLock`), and once per requirements file across processes: it is built in a directory of
-/// its own and renamed into place, so a concurrent run never sees a half-made one.
+/// `OnceLock`), and once per requirements file and Python version across processes: it is
+/// built in a directory of its own and renamed into place, so a concurrent run never sees a
+/// half-made one.
 fn python() -> PathBuf {
     static VENV: OnceLock<PathBuf> = OnceLock::new();
     VENV.get_or_init(|| {
         let requirements = examples().join("requirements.txt");
-        let hash = Sha256::digest(std::fs::read(&requirements).unwrap());
+        // Keyed by the requirements and the interpreter they were installed for.
+        let mut hash = Sha256::new();
+        hash.update(std::fs::read(&requirements).unwrap());
+        let interpreter = std::fs::canonicalize(SYSTEM_PYTHON).expect("Debian's python3");
+        hash.update(interpreter.as_os_str().as_encoded_bytes());
+        let hash = hash.finalize();
         let key: String = hash[..8].iter().map(|b| format!("{b:02x}")).collect();
         let venv = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("python-examples-{key}"));
         if !venv.join("bin/python").exists() {
