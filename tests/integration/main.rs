@@ -19,6 +19,7 @@ mod failures;
 mod hostile;
 mod http;
 mod http_dlq;
+mod image;
 mod ledger;
 mod lifecycle;
 mod live_templates;
