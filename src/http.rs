@@ -12,6 +12,8 @@
 //! - `GET /healthz` (the process runs) and `GET /readyz` (database and broker reachable, on a
 //!   kept connection; error details only with the token: [`ready`]).
 //!
+//! Every request is logged once ([`access_log`], target `mailroom::http::access`).
+//!
 //! `/v1` requires `Authorization: Bearer <MAILROOM_API_TOKEN>`. Without a token the server
 //! refuses to listen on anything but a loopback address. `/metrics`, like the health checks,
 //! needs no token: it holds counts, template names and a revision, no job data.
@@ -26,7 +28,7 @@ use std::sync::Arc;
 
 use axum::{
     Json, Router,
-    extract::{DefaultBodyLimit, Path, Request, State},
+    extract::{DefaultBodyLimit, MatchedPath, Path, Request, State},
     http::{HeaderMap, StatusCode, header},
     middleware::{self, Next},
     response::{IntoResponse, Response},
@@ -93,6 +95,7 @@ pub fn router(state: Arc<ApiState>) -> Router {
         .route("/readyz", get(ready::ready))
         .merge(api)
         .with_state(state)
+        .layer(middleware::from_fn(access_log))
 }
 
 /// A router with `/metrics` and `/healthz` only, for `worker` and `relay --metrics-addr`.
@@ -104,6 +107,7 @@ pub fn metrics_router(metrics: Metrics) -> Router {
             get(|State(m): State<Arc<Metrics>>| async move { exposition(&m).await }),
         )
         .with_state(Arc::new(metrics))
+        .layer(middleware::from_fn(access_log))
 }
 
 /// Serves [`metrics_router`] on `listener` until `shutdown` is cancelled.
@@ -145,6 +149,39 @@ pub async fn serve(
         .with_graceful_shutdown(async move { shutdown.cancelled().await })
         .await?;
     Ok(())
+}
+
+/// The target of the access log, so that it can be filtered on its own
+/// (`RUST_LOG=info,mailroom::http::access=warn`).
+const ACCESS: &str = "mailroom::http::access";
+
+/// One line per request: method, the route it matched (`/v1/emails/{job_id}/{kind}`: never the
+/// path's values, a query string or a body, which may hold addresses or tokens), status and
+/// duration. The API's requests at INFO (WARN for a 5xx); `/metrics` and the probes, scraped
+/// every few seconds, at DEBUG.
+async fn access_log(request: Request, next: Next) -> Response {
+    let started = std::time::Instant::now();
+    let method = request.method().clone();
+    let route = request
+        .extensions()
+        .get::<MatchedPath>()
+        .map_or("(no route)", |p| p.as_str())
+        .to_owned();
+    let response = next.run(request).await;
+    let status = response.status().as_u16();
+    let duration_ms = (started.elapsed().as_secs_f64() * 1e6).round() / 1e3;
+    let probe = matches!(route.as_str(), "/metrics" | "/healthz" | "/readyz");
+    macro_rules! access {
+        ($level:ident) => {
+            tracing::$level!(target: ACCESS, method = %method, path = %route, status, duration_ms, "request")
+        };
+    }
+    match (probe, status >= 500) {
+        (true, _) => access!(debug),
+        (false, true) => access!(warn),
+        (false, false) => access!(info),
+    }
+    response
 }
 
 async fn require_token(

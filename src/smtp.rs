@@ -37,6 +37,11 @@ pub use session::{Failure, Phase, PhaseCell, classify};
 /// a transactional email near this size is a template bug.
 pub const MAX_MESSAGE_BYTES: usize = 5 * 1024 * 1024;
 
+/// The log target of the uncertain window's markers, all at DEBUG (`window` = `sending` when
+/// the final dot goes out, then `accepted`, `closed`, `failed`, `uncertain`, `taken-over` or
+/// `unrecorded`): `RUST_LOG=info,mailroom::window=debug` shows them (docs/LOGGING.md).
+pub const WINDOW_TARGET: &str = "mailroom::window";
+
 /// How an attempt ended, from the point of view of "was it delivered?".
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum SendError {
@@ -205,9 +210,10 @@ impl Mailer {
                     Ok(Err(failure)) => failure,
                     Err(_) => Failure::Timeout(self.timeout),
                 };
-                Err(classify(phase.get(), &failure))
+                Err(classify(phase.get(), &failure, &pool.server()))
             }
             Transport::File(t) => {
+                tracing::debug!(target: WINDOW_TARGET, window = "sending", "writing the .eml");
                 let writing = t.send_raw(&message.envelope, &message.bytes);
                 match tokio::time::timeout(self.timeout, writing).await {
                     Ok(Ok(id)) => Ok(format!("written {id}.eml")),

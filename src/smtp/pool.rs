@@ -74,6 +74,11 @@ impl Pool {
         Ok(reply)
     }
 
+    /// The server as `host:port`, for error messages (never the credentials).
+    pub fn server(&self) -> String {
+        format!("{}:{}", self.endpoint.host, self.endpoint.port)
+    }
+
     /// Opens a connection (the whole handshake) and keeps it for the next send.
     pub async fn probe(&self) -> Result<(), Failure> {
         let conn = self.open().await?;

@@ -116,13 +116,14 @@ impl From<lettre::transport::smtp::Error> for Failure {
     }
 }
 
-/// What a failure in `phase` says about delivery.
+/// What a failure in `phase` says about delivery; the reason names the phase and the
+/// `server` (`host:port`).
 ///
 /// 503 (bad sequence of commands) is the exception among 5xx: it says the session was out of
 /// step, not that the message was refused, so it is retried. No answer at all while connecting
 /// (refused, unreachable, no greeting in time) is `Unreachable`: the server, not the job.
-pub fn classify(phase: Phase, failure: &Failure) -> SendError {
-    let reason = format!("{failure} ({})", phase.describe());
+pub fn classify(phase: Phase, failure: &Failure, server: &str) -> SendError {
+    let reason = format!("{failure} ({}, SMTP server {server})", phase.describe());
     let out_of_sequence = matches!(failure, Failure::Smtp(e)
         if e.status().is_some_and(|code| code.to_string() == "503"));
     match failure {
@@ -218,8 +219,10 @@ impl<'a> Iterator for BodyThenDot<'a> {
 
     fn next(&mut self) -> Option<&'a [u8]> {
         let part = self.part.take();
-        if part.is_none() {
+        if part.is_none() && self.phase.get() != Phase::FinalDot {
             self.phase.set(Phase::FinalDot);
+            // Before the dot is written: a process killed after this line may have sent it.
+            tracing::debug!(target: super::WINDOW_TARGET, window = "sending", "uncertain window opens: the final dot goes out");
         }
         part
     }
@@ -231,6 +234,10 @@ mod tests {
 
     fn io() -> Failure {
         Failure::Io(std::io::Error::from(std::io::ErrorKind::ConnectionReset))
+    }
+
+    fn classify_at(phase: Phase, failure: &Failure) -> SendError {
+        classify(phase, failure, "smtp.example:25")
     }
 
     fn class(e: &SendError) -> &'static str {
@@ -245,17 +252,17 @@ mod tests {
     #[test]
     fn a_break_is_a_safe_retry_until_the_body_is_written_and_uncertain_after() {
         // While connecting, no answer means the server is unreachable (the breaker counts it).
-        assert_eq!(class(&classify(Phase::Connect, &io())), "unreachable");
+        assert_eq!(class(&classify_at(Phase::Connect, &io())), "unreachable");
         let t = Failure::Timeout(Duration::from_secs(1));
-        assert_eq!(class(&classify(Phase::Connect, &t)), "unreachable");
+        assert_eq!(class(&classify_at(Phase::Connect, &t)), "unreachable");
         for p in [Phase::Mail, Phase::Rcpt, Phase::Data, Phase::Body] {
-            assert_eq!(class(&classify(p, &io())), "transient", "{p:?}");
+            assert_eq!(class(&classify_at(p, &io())), "transient", "{p:?}");
             let t = Failure::Timeout(Duration::from_secs(1));
-            assert_eq!(class(&classify(p, &t)), "transient", "{p:?}");
+            assert_eq!(class(&classify_at(p, &t)), "transient", "{p:?}");
         }
-        assert_eq!(class(&classify(Phase::FinalDot, &io())), "uncertain");
+        assert_eq!(class(&classify_at(Phase::FinalDot, &io())), "uncertain");
         let t = Failure::Timeout(Duration::from_secs(1));
-        let e = classify(Phase::FinalDot, &t);
+        let e = classify_at(Phase::FinalDot, &t);
         assert_eq!(class(&e), "uncertain");
         assert!(e.to_string().contains("after the final dot"), "{e}");
     }
@@ -263,7 +270,7 @@ mod tests {
     #[test]
     fn refusals_are_permanent_whatever_the_phase() {
         let r = Failure::Refused("no SMTPUTF8".into());
-        assert_eq!(class(&classify(Phase::Mail, &r)), "permanent");
+        assert_eq!(class(&classify_at(Phase::Mail, &r)), "permanent");
     }
 
     #[test]

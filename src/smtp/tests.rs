@@ -363,7 +363,7 @@ async fn a_break_while_the_body_is_written_is_transient() {
     let failure = pool.send(&envelope, &body, &phase).await.unwrap_err();
     assert_eq!(phase.get(), Phase::Body, "{failure}");
     assert!(matches!(
-        classify(phase.get(), &failure),
+        classify(phase.get(), &failure, &pool.server()),
         SendError::Transient { .. }
     ));
 }
@@ -437,5 +437,11 @@ async fn implicit_tls_to_a_plaintext_server_is_an_unreachable_server() {
     .unwrap();
     let r = m.send(&message()).await;
     assert_eq!(class(&r), "unreachable", "{r:?}");
-    assert!(r.unwrap_err().to_string().contains("while connecting"));
+    let error = r.unwrap_err().to_string();
+    assert!(error.contains("while connecting"), "{error}");
+    let server = format!("SMTP server 127.0.0.1:{}", s.port);
+    assert!(
+        error.contains(&server),
+        "the error names the server: {error}"
+    );
 }

@@ -3,8 +3,6 @@
 
 use std::time::Duration;
 
-use crate::job::mask_addresses;
-
 /// What to do with a delivery. Computed once; `settle` is the only place that acts on it.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Outcome {
@@ -59,13 +57,8 @@ impl ErrorClass {
     }
 }
 
-/// The outcome that gives up on a job, with the warning that says so.
+/// The outcome that gives up on a job (`settle` logs it with its reason).
 pub(super) fn dead(class: ErrorClass, reason: String, attempts: i64) -> Outcome {
-    tracing::warn!(
-        class = class.as_str(),
-        reason = mask_addresses(&reason),
-        "dead-lettering"
-    );
     Outcome::DeadLetter {
         class,
         reason,

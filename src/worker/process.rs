@@ -36,44 +36,68 @@ const RELEASE_PATIENCE: Duration = Duration::from_secs(2);
 /// Growth of the retry delay per attempt (before rounding up to a tier).
 const RETRY_FACTOR: f32 = 3.0;
 
-/// The span of one delivery. Fields the body provides are filled in once it is decoded.
+/// The span of one delivery. Every field is recorded once, when it is known (a field recorded
+/// twice would be printed twice in the text format): the job's id, kind and masked first
+/// recipient once the body is decoded, the attempt once the claim is decided, the SMTP reply
+/// and the send's duration in milliseconds once the send ended.
 pub(super) fn delivery_span(d: &Delivery) -> tracing::Span {
-    let job_id = d.properties.message_id().as_ref().map(|s| s.to_string());
+    use tracing::field::Empty;
     tracing::info_span!(
         "delivery",
-        job_id = job_id.as_deref().unwrap_or("?"),
-        kind = tracing::field::Empty,
-        attempt = broker::int_header(&d.properties, broker::ATTEMPT_HEADER).unwrap_or(1),
-        to = tracing::field::Empty,
+        job_id = Empty,
+        kind = Empty,
+        attempt = Empty,
+        to = Empty,
         redelivered = d.redelivered,
+        smtp_ms = Empty,
+        smtp_reply = Empty,
     )
 }
 
 impl Worker {
     pub(super) async fn process(&self, delivery: &Delivery) -> Outcome {
+        let span = tracing::Span::current();
+        match self.take_claim(delivery).await {
+            Ok(taken) => {
+                span.record("attempt", taken.claimed.attempt);
+                let Taken {
+                    job,
+                    templates,
+                    claimed,
+                    replay,
+                    session,
+                } = taken;
+                self.use_claim(&job, claimed, replay, session, &templates)
+                    .await
+            }
+            Err(outcome) => {
+                // No claim of ours: the delivery's own count (retries through the tiers).
+                let attempt = broker::int_header(&delivery.properties, broker::ATTEMPT_HEADER);
+                span.record("attempt", attempt.unwrap_or(1));
+                outcome
+            }
+        }
+    }
+
+    /// Admits the job, waits for an SMTP session and claims the job; `Err` is the outcome of a
+    /// delivery that got no claim (refused, a duplicate, busy elsewhere, a failure).
+    async fn take_claim<'s>(&'s self, delivery: &Delivery) -> Result<Taken<'s>, Outcome> {
         let (job, templates) = match self.admit(delivery) {
             Ok(admitted) => admitted,
-            Err(reason) => return self.refuse(&delivery.data, reason).await,
+            Err(reason) => return Err(self.refuse(&delivery.data, reason).await),
         };
         failpoint::hit_job("worker.before_claim", &job.job.job_id).await;
         // The SMTP session comes first: a delivery may wait for one as long as the pool is
         // busy, and holds no claim (no lease runs) while it waits.
         let waiting = Instant::now();
         let Some(session) = self.mailer.session().await else {
-            return self.retry(Duration::ZERO, "the mailer is closed".into());
+            return Err(self.retry(Duration::ZERO, "the mailer is closed".into()));
         };
         self.stats.observe_session_wait(waiting.elapsed());
         let message_id = self.mailer.message_id(&job.job.job_id, &job.job.kind);
-        let request = match self.claim_request(delivery, &job, &message_id).await {
-            Ok(request) => request,
-            Err(outcome) => return outcome,
-        };
+        let request = self.claim_request(delivery, &job, &message_id).await?;
         let asked = Instant::now();
-        let claim = match self.claim(&request).await {
-            Ok(claim) => claim,
-            Err(outcome) => return outcome,
-        };
-        match claim {
+        match self.claim(&request).await? {
             Claim::Claimed { attempt, token } => {
                 let deadline = Deadline::of_claim(asked, self.settings.lease);
                 let claimed = Claimed {
@@ -81,12 +105,18 @@ impl Worker {
                     token,
                     deadline,
                 };
-                self.use_claim(&job, claimed, request.replay, session, &templates)
-                    .await
+                let replay = request.replay;
+                Ok(Taken {
+                    job,
+                    templates,
+                    claimed,
+                    replay,
+                    session,
+                })
             }
             Claim::Refused(existing) => {
                 drop(session);
-                self.refused(&job, existing.as_ref()).await
+                Err(self.refused(&job, existing.as_ref()).await)
             }
         }
     }
@@ -94,8 +124,16 @@ impl Worker {
     /// Decodes and validates the job and takes this delivery's template snapshot; `Err` is the
     /// reason to refuse it (not a job, or a kind without a template).
     fn admit(&self, delivery: &Delivery) -> Result<(ValidJob, Arc<Templates>), String> {
-        let job = EmailJob::decode(&delivery.data).map_err(|e| e.to_string())?;
         let span = tracing::Span::current();
+        let job = match EmailJob::decode(&delivery.data) {
+            Ok(job) => job,
+            Err(e) => {
+                if let Some(id) = delivery.properties.message_id() {
+                    span.record("job_id", id.as_str());
+                }
+                return Err(e.to_string());
+            }
+        };
         span.record("job_id", job.job.job_id.as_str());
         span.record("kind", job.job.kind.as_str());
         if let Some(first) = job.to.first() {
@@ -161,7 +199,6 @@ impl Worker {
         templates: &Templates,
     ) -> Outcome {
         let Claimed { attempt, token, .. } = claimed;
-        tracing::Span::current().record("attempt", attempt);
         if attempt > self.settings.max_attempts && !replay {
             // Only a claim taken over after its holder vanished gets here without a
             // recorded failure: a job that kills its worker every time (a poison job).
@@ -187,7 +224,7 @@ impl Worker {
         let reason = "claim outcome unknown (the database failed during the claim); given back";
         let release = db.release(request.job_id, request.kind, request.token, reason);
         match tokio::time::timeout(RELEASE_PATIENCE, release).await {
-            Ok(Ok(true)) => tracing::info!("the claim had committed after all; gave it back"),
+            Ok(Ok(true)) => tracing::debug!("the claim had committed after all; gave it back"),
             Ok(Ok(false)) => {}
             Ok(Err(e)) => tracing::debug!(error = %e, "cannot check whether the claim committed"),
             Err(_) => tracing::debug!("cannot check whether the claim committed: no answer"),
@@ -199,7 +236,7 @@ impl Worker {
     /// ends.
     pub(super) async fn give_back(&self, job: &ValidJob, token: Uuid, reason: String) -> Outcome {
         Stats::bump(&self.stats.given_back);
-        tracing::info!(reason, "giving the claim back unused");
+        tracing::debug!(reason, "giving the claim back unused");
         let db = self.ledger.database();
         if let Err(e) = db
             .release(&job.job.job_id, &job.job.kind, token, &reason)
@@ -231,7 +268,7 @@ impl Worker {
                 dead(class, reason, attempts)
             }
             Refusal::AlreadySent | Refusal::AlreadyDead => {
-                tracing::info!(status = ?existing.map(|e| e.status), "already handled; acknowledging the duplicate");
+                tracing::debug!(status = ?existing.map(|e| e.status), "already handled; acknowledging the duplicate");
                 Outcome::Ack { duplicate: true }
             }
             Refusal::Busy { after } => self.retry(
@@ -334,6 +371,16 @@ impl Worker {
             reason,
         }
     }
+}
+
+/// What a delivery holds once it claimed its job: the job and its template snapshot, the
+/// claim, whether it is a genuine replay, and its SMTP session.
+struct Taken<'s> {
+    job: ValidJob,
+    templates: Arc<Templates>,
+    claimed: Claimed,
+    replay: bool,
+    session: Session<'s>,
 }
 
 /// A claim this delivery holds: its attempt number, its token, and until when it may be used.

@@ -8,7 +8,7 @@
 use std::time::Duration;
 
 use super::{ErrorClass, Outcome, Worker};
-use crate::job::{EmailJob, mask_addresses};
+use crate::job::EmailJob;
 
 impl Worker {
     /// Dead-letters a refused delivery as `invalid`, recording it first when it can be named.
@@ -26,11 +26,6 @@ impl Worker {
                 }
             }
         }
-        tracing::warn!(
-            class = ErrorClass::Invalid.as_str(),
-            reason = mask_addresses(&reason),
-            "dead-lettering"
-        );
         Outcome::DeadLetter {
             class: ErrorClass::Invalid,
             reason,

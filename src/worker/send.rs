@@ -18,7 +18,7 @@ use crate::db::Record;
 use crate::failpoint;
 use crate::job::{ValidJob, mask_addresses};
 use crate::render::Templates;
-use crate::smtp::{Outgoing, SendError, Session};
+use crate::smtp::{Outgoing, SendError, Session, WINDOW_TARGET as WINDOW};
 
 impl Worker {
     pub(super) async fn send_claimed(
@@ -72,16 +72,18 @@ impl Worker {
             .map_err(|e| (ErrorClass::Invalid, e.to_string()))
     }
 
-    /// Sends in the uncertain window: from here until `sent` is recorded, a crash or a lost
-    /// reply may leave a delivered email unrecorded, and the redelivery resends it (README,
-    /// Guarantees). The chaos soak explains every duplicate by one such window that never
-    /// closed. The session is given back as soon as the send ends.
+    /// Sends in the uncertain window: once the final dot is on its way (the SMTP client logs
+    /// `window="sending"` at DEBUG, target `mailroom::window`) and until `sent` is recorded, a
+    /// crash or a lost reply may leave a delivered email unrecorded, and the redelivery resends
+    /// it (README, Guarantees). The chaos soak explains every duplicate by one such window that
+    /// never closed. The session is given back as soon as the send ends.
     async fn send(&self, session: Session<'_>, message: &Outgoing) -> Result<String, SendError> {
-        tracing::info!(window = "sending", "uncertain window opens: sending");
         let started = Instant::now();
         let sent = self.mailer.send_in(&session, message).await;
         drop(session);
-        self.stats.smtp_latency.observe(started.elapsed());
+        let took = started.elapsed();
+        self.stats.smtp_latency.observe(took);
+        tracing::Span::current().record("smtp_ms", millis(took));
         self.breaker.record(&sent);
         if let Err(e) = &sent {
             let window = if matches!(e, SendError::Uncertain { .. }) {
@@ -89,7 +91,7 @@ impl Worker {
             } else {
                 "failed"
             };
-            tracing::info!(window, error = %e, "uncertain window ends: send failed");
+            tracing::debug!(target: WINDOW, window, error = %e, "send failed");
         }
         sent
     }
@@ -107,7 +109,9 @@ impl Worker {
             let age = (chrono::Utc::now() - created).to_std().unwrap_or_default();
             self.stats.end_to_end.observe(age);
         }
-        tracing::info!(window = "accepted", "SMTP accepted; recording sent");
+        let masked = mask_addresses(reply);
+        tracing::Span::current().record("smtp_reply", masked.as_str());
+        tracing::debug!(target: WINDOW, window = "accepted", "SMTP accepted; recording sent");
         failpoint::hit_job("worker.after_smtp_ok", &job.job.job_id).await;
         self.record_sent(job, token, deadline, reply, templates.revision())
             .await
@@ -175,20 +179,27 @@ impl Worker {
         match result {
             Ok(true) => {
                 failpoint::hit_job("worker.after_record", &job.job.job_id).await;
-                let reply = mask_addresses(reply);
-                tracing::info!(window = "closed", reply, templates = revision, "sent");
+                tracing::debug!(target: WINDOW, window = "closed", templates = revision, "sent recorded");
                 Outcome::Ack { duplicate: false }
             }
             Ok(false) => {
-                tracing::warn!("sent, but the claim had been taken over; the new holder decides");
+                tracing::warn!(target: WINDOW, window = "taken-over", "sent, but the claim had been taken over; the new holder decides");
                 Outcome::Ack { duplicate: false }
             }
-            Err(e) => self.retry(
-                self.settings.lease,
-                format!("sent but could not record it: {e}"),
-            ),
+            Err(e) => {
+                tracing::debug!(target: WINDOW, window = "unrecorded", error = %e, "sent, but could not record it");
+                self.retry(
+                    self.settings.lease,
+                    format!("sent but could not record it: {e}"),
+                )
+            }
         }
     }
+}
+
+/// A duration in milliseconds, with microseconds, for log fields.
+pub(super) fn millis(d: Duration) -> f64 {
+    (d.as_secs_f64() * 1e6).round() / 1e3
 }
 
 /// The record of a send the SMTP server accepted with `reply`, under the claim's token.

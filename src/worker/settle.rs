@@ -1,5 +1,8 @@
 //! Acting on an [`Outcome`]: every delivery ends here in exactly one ack, one reject, or one
-//! confirmed republish followed by an ack. Rejects are per delivery (`basic.reject`), never a
+//! confirmed republish followed by an ack, and in exactly one log line with its `outcome`
+//! (`sent`, `duplicate`, `retry` at INFO; `requeued`, `dead` at WARN, or ERROR when the dead
+//! letter had to go through the queue's own dead-letter exchange). The delivery span adds
+//! `job_id`, `kind`, `attempt` and, after a send, `smtp_ms` and `smtp_reply`. Rejects are per delivery (`basic.reject`), never a
 //! bulk nack that could drag innocent deliveries along.
 
 use std::time::Duration;
@@ -46,6 +49,14 @@ impl Worker {
 
     /// Sent now, or earlier (a duplicate): counts it and acks.
     async fn settle_done(&self, delivery: &Delivery, duplicate: bool) {
+        if duplicate {
+            tracing::info!(
+                outcome = "duplicate",
+                "already handled; duplicate acknowledged"
+            );
+        } else {
+            tracing::info!(outcome = "sent", "sent");
+        }
         let stats = &self.stats;
         Stats::bump(if duplicate {
             &stats.duplicates
@@ -76,12 +87,18 @@ impl Worker {
             .await
         {
             Ok(()) => {
-                tracing::info!(?delay, reason = mask_addresses(reason), "retry scheduled");
+                let delay_ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX);
+                tracing::info!(
+                    outcome = "retry",
+                    delay_ms,
+                    reason = mask_addresses(reason),
+                    "retry scheduled"
+                );
                 Stats::bump(&self.stats.retried);
                 self.ack(delivery).await;
             }
             Err(e) => {
-                tracing::warn!(error = %e, "cannot schedule the retry; returning the delivery to the queue");
+                tracing::warn!(outcome = "requeued", error = %e, reason = mask_addresses(reason), "cannot schedule the retry; returning the delivery to the queue");
                 self.reject(delivery, true).await;
             }
         }
@@ -107,6 +124,12 @@ impl Worker {
             .await
         {
             Ok(()) => {
+                tracing::warn!(
+                    outcome = "dead",
+                    class = class.as_str(),
+                    reason = mask_addresses(reason),
+                    "dead-lettered"
+                );
                 self.stats
                     .dead_lettered(&self.kind_label(delivery), class.as_str());
                 self.ack(delivery).await;
@@ -114,7 +137,7 @@ impl Worker {
             Err(e) => {
                 // The queue's own dead-letter exchange keeps the message (at-least-once),
                 // without our reason headers; the reason is in this log line.
-                tracing::error!(error = %e, class = class.as_str(), reason = mask_addresses(reason), "cannot publish to the dead-letter exchange; rejecting to the queue's DLX");
+                tracing::error!(outcome = "dead", error = %e, class = class.as_str(), reason = mask_addresses(reason), "cannot publish to the dead-letter exchange; rejecting to the queue's DLX");
                 self.stats
                     .dead_lettered(&self.kind_label(delivery), class.as_str());
                 self.reject(delivery, false).await;

@@ -23,6 +23,7 @@ mod image;
 mod ledger;
 mod lifecycle;
 mod live_templates;
+mod logs;
 mod metrics;
 mod once;
 mod outbox;

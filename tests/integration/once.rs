@@ -76,7 +76,7 @@ async fn a_claim_too_late_for_a_whole_send_is_given_back_uncounted_and_sent_once
     worker.wait().await.unwrap();
     let log = std::fs::read_to_string(app.dir.path().join("worker.log")).unwrap();
     assert!(
-        log.contains("failpoint: delaying") && log.contains("giving the claim back unused"),
+        log.contains("failpoint: delaying") && log.contains("less than a whole send"),
         "the fence did not trip:\n{log}"
     );
     assert_eq!(row.attempts, 1, "a claim given back is not an attempt");

@@ -58,7 +58,13 @@ impl CountingProxy {
                 let (upstream, counts) = (upstream.clone(), shared.clone());
                 tokio::spawn(async move {
                     if let Ok(server) = TcpStream::connect(&upstream).await {
-                        let _ = forward(client, server, counts).await;
+                        // Without TCP_NODELAY a command written in two pieces waits for the
+                        // peer's delayed ACK (40 ms on Linux): every statement the relay sent
+                        // through the proxy was slowed by it, and so were its figures.
+                        let nodelay = client.set_nodelay(true).and(server.set_nodelay(true));
+                        if nodelay.is_ok() {
+                            let _ = forward(client, server, counts).await;
+                        }
                     }
                 });
             }
@@ -109,6 +115,7 @@ async fn forward(
     let down = tokio::spawn(async move { tokio::io::copy(&mut server_rd, &mut client_wr).await });
     let mut header = [0u8; 4];
     let mut payload = vec![];
+    let mut packet = vec![];
     let up = async {
         loop {
             client_rd.read_exact(&mut header).await?;
@@ -124,8 +131,11 @@ async fn forward(
                     .entry(command_name(command))
                     .or_default() += 1;
             }
-            server_wr.write_all(&header).await?;
-            server_wr.write_all(&payload).await?;
+            // One write per packet, as the client sent it.
+            packet.clear();
+            packet.extend_from_slice(&header);
+            packet.extend_from_slice(&payload);
+            server_wr.write_all(&packet).await?;
         }
     };
     let result: std::io::Result<()> = up.await;

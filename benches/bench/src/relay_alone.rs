@@ -7,11 +7,13 @@
 //!   transactions on the world's database as `pg_stat_database` counts them (read through
 //!   another database; the bench's own connections are closed, autovacuum is off for the
 //!   outbox). MySQL: the commands the relay sends, counted by a proxy between it and the server
-//!   ([`crate::mysql`]), with the server-wide `Questions` delta beside it as a cross-check;
+//!   ([`crate::mysql`]), with the server-wide `Questions` delta beside it as a cross-check.
+//!   The MySQL relay runs behind that proxy throughout (its sockets have TCP_NODELAY, so it
+//!   adds one loopback hop and no delayed-ACK stall);
 //! - **wake-up latency**: single rows committed while the relay is idle, [`WAKE_GAP`] + a
 //!   phase apart; commit → published from the outbox's own `published_at - created_at` (both
-//!   the database's clock). What the probe ceiling adds on MySQL, what NOTIFY saves on
-//!   PostgreSQL.
+//!   the database's clock), beside the wake-up mode the relay reports in `/metrics`
+//!   (NOTIFY, the binary log, or probes only).
 //!
 //! The two engines' relay-only runs are sequential; their idle windows and wake-ups run at the
 //! same time (each counts only its own database or its own relay, and idle relays hardly load
@@ -94,6 +96,8 @@ pub struct RelayAlone {
     pub relay_only: RelayOnly,
     pub relay_idle: RelayIdle,
     pub wake: WakeLatency,
+    /// What woke the relay (`binlog`, `notify` or `poll`), from its `/metrics`.
+    pub wakeup: String,
 }
 
 /// Both engines: relay only one after the other, then idle and wake-ups side by side.
@@ -119,9 +123,10 @@ pub async fn both_engines(
             my.idle_then_wake(services, wake_rows)
         );
         let ((pg_idle, pg_wake), (my_idle, my_wake)) = (pg_rest?, my_rest?);
+        let (pg_mode, my_mode) = (pg.wakeup_mode().await, my.wakeup_mode().await);
         anyhow::Ok(vec![
-            pg.figures(pg_only, pg_idle, pg_wake),
-            my.figures(my_only, my_idle, my_wake),
+            pg.figures(pg_only, pg_idle, pg_wake, pg_mode),
+            my.figures(my_only, my_idle, my_wake, my_mode),
         ])
     }
     .await;
@@ -136,6 +141,8 @@ struct Rig {
     fleet: Fleet,
     proxy: Option<CountingProxy>,
     engine: String,
+    /// The relay's `--metrics-addr`.
+    metrics: String,
 }
 
 impl Rig {
@@ -146,6 +153,7 @@ impl Rig {
         };
         let mut world = World::create_on(services, engine, label, 4).await?;
         let mut fleet = Fleet::default();
+        let metrics = format!("127.0.0.1:{}", mailroom_test_kit::free_port());
         let setup = async {
             let (name, proxy) = match engine {
                 Engine::Postgres => {
@@ -164,7 +172,14 @@ impl Rig {
                     (engine_name(&v), Some(proxy))
                 }
             };
-            fleet.add(&world, "relay", 1, None, logs)?;
+            fleet.add_with(
+                &world,
+                "relay",
+                1,
+                None,
+                logs,
+                &["--metrics-addr", &metrics],
+            )?;
             anyhow::Ok((name, proxy))
         }
         .await;
@@ -174,6 +189,7 @@ impl Rig {
                 fleet,
                 proxy,
                 engine,
+                metrics,
             }),
             Err(e) => {
                 fleet.stop().await;
@@ -194,13 +210,29 @@ impl Rig {
         relay_only: RelayOnly,
         relay_idle: RelayIdle,
         wake: WakeLatency,
+        wakeup: String,
     ) -> RelayAlone {
         RelayAlone {
             engine: self.engine.clone(),
             relay_only,
             relay_idle,
             wake,
+            wakeup,
         }
+    }
+
+    /// The wake-up mode the relay reports in `/metrics`
+    /// (`mailroom_relay_wakeup_mode{mode="…"} 1`), or `unknown`.
+    async fn wakeup_mode(&self) -> String {
+        let page = match scrape(&self.metrics).await {
+            Ok(page) => page,
+            Err(e) => return format!("unknown ({e})"),
+        };
+        page.lines()
+            .filter_map(|l| l.strip_prefix("mailroom_relay_wakeup_mode{mode=\""))
+            .find_map(|rest| rest.strip_suffix("\"} 1"))
+            .unwrap_or("unknown")
+            .to_owned()
     }
 }
 
@@ -424,4 +456,16 @@ fn host_port(url: &str) -> anyhow::Result<String> {
         url.host_str().unwrap_or("127.0.0.1"),
         url.port().unwrap_or(3306)
     ))
+}
+
+/// `GET /metrics` from `addr` over HTTP/1.0 (the body follows the headers; the server closes).
+async fn scrape(addr: &str) -> anyhow::Result<String> {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let mut stream = tokio::net::TcpStream::connect(addr).await?;
+    stream
+        .write_all(b"GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n")
+        .await?;
+    let mut page = String::new();
+    tokio::time::timeout(Duration::from_secs(5), stream.read_to_string(&mut page)).await??;
+    Ok(page)
 }

@@ -402,18 +402,33 @@ fn relay_alone_rows(t: &mut String, r: &Results, a: &RelayAlone) {
     } else {
         (
             format!("{} / {} / {} ms", ms(l.p50), ms(l.p95), ms(l.max)),
-            format!("max {:.2} of the 1 s ceiling", l.max / 1000.0),
+            format!(
+                "p50 / max {:.2} / {:.2} of 1 s",
+                l.p50 / 1000.0,
+                l.max / 1000.0
+            ),
         )
     };
     let _ = writeln!(
         t,
-        "| **relay wake-up** on {}: commit → published p50 / p95 / max (`published_at - created_at`, {} of {} single rows committed to an idle relay, {:.1}–{:.1} s apart) | {value} | MySQL: probes back off to `--relay-poll-max` 1 s; PostgreSQL: NOTIFY | {ratio_text} |",
+        "| **relay wake-up** on {}: commit → published p50 / p95 / max (`published_at - created_at`, {} of {} single rows committed to an idle relay, {:.1}–{:.1} s apart) | {value} | woken by: {} | {ratio_text} |",
         a.engine,
         w.published,
         w.rows,
         w.gap_s,
-        w.gap_s + 1.0
+        w.gap_s + 1.0,
+        wakeup_source(&a.wakeup)
     );
+}
+
+/// What a relay's wake-up mode means, for the table.
+fn wakeup_source(mode: &str) -> String {
+    match mode {
+        "notify" => "NOTIFY from the outbox trigger".to_string(),
+        "binlog" => "the binary log (the relay follows it as a replica)".to_string(),
+        "poll" => "its own probes only (backing off to `--relay-poll-max`, 1 s)".to_string(),
+        other => other.to_string(),
+    }
 }
 
 fn e2e_paced_row(t: &mut String, p: &EndToEnd, floor: f64) {

@@ -98,6 +98,19 @@ impl Fleet {
         sink: Option<&SmtpSink>,
         logs: &Path,
     ) -> anyhow::Result<()> {
+        self.add_with(world, command, i, sink, logs, &[])
+    }
+
+    /// [`Fleet::add`] with more arguments for the command.
+    pub fn add_with(
+        &mut self,
+        world: &World,
+        command: &str,
+        i: usize,
+        sink: Option<&SmtpSink>,
+        logs: &Path,
+        extra: &[&str],
+    ) -> anyhow::Result<()> {
         std::fs::create_dir_all(logs)?;
         let templates = &crate::mailroom().templates;
         let log = std::fs::File::create(logs.join(format!("{}-{command}{i}.log", world.label)))?;
@@ -105,7 +118,8 @@ impl Fleet {
         cmd.arg(command)
             .args(["--database-url", &world.process_db_url])
             .args(["--amqp-url", &world.services.amqp_url])
-            .args(["--namespace", &world.namespace]);
+            .args(["--namespace", &world.namespace])
+            .args(extra);
         if let Some(sink) = sink {
             cmd.args(["--smtp-url", &sink.url()])
                 .args(["--from", FROM])

@@ -197,15 +197,14 @@ fn windows(logs: &Path) -> Vec<WindowEvent> {
             let Some(window) = window_of(&v) else {
                 continue;
             };
-            let span = &v["span"];
-            let (Some(job_id), Some(kind)) = (span["job_id"].as_str(), span["kind"].as_str())
-            else {
+            // The delivery span's fields sit beside the event's (docs/LOGGING.md).
+            let (Some(job_id), Some(kind)) = (v["job_id"].as_str(), v["kind"].as_str()) else {
                 panic!("{name}: window event without the delivery span: {line}");
             };
             events.push(WindowEvent {
                 process: process.to_string(),
                 key: Key::new(job_id, kind),
-                attempt: span["attempt"].as_i64().unwrap_or(0),
+                attempt: v["attempt"].as_i64().unwrap_or(0),
                 window,
             });
         }
