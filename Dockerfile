@@ -5,9 +5,10 @@
 # override it. For `serve`/`run`, set MAILROOM_HTTP_ADDR=0.0.0.0:8080 (and MAILROOM_API_TOKEN):
 # its default is loopback. docs/DEPLOY.md has the process layout, probes and versions.
 #
-# The debug info lives apart from the binary: the image ships it without its debug sections
-# (84 MB of the release binary's 98 MB); `docker build --target debuginfo --output
-# type=local,dest=out .` writes out/mailroom.debug, which gdb finds through the debuglink.
+# The debug info lives apart from the binary: the image ships it without its debug sections,
+# 25 MB instead of 127 MB (measured on x86_64 at 0.1.0; symbols stay, for backtraces).
+# `docker build --target debuginfo --output type=local,dest=out .` writes out/mailroom.debug,
+# which gdb finds through the binary's debuglink.
 
 # --- build ------------------------------------------------------------------------------------
 # The toolchain is pinned (the one CI and the README's benchmarks use); raise it on purpose, not
