@@ -1,17 +1,21 @@
-#!/usr/bin/python3
-"""Enqueue an email from Python in the same transaction as the business row.
+#!/usr/bin/env python3
+"""Enqueue an email from Python in the same transaction as the business row (plain DB-API).
 
-This is the whole producer contract for applications outside Rust (Django, SQLAlchemy, Rails
-do the same with their own connection): insert the job into `mailroom_outbox` inside the
-transaction that writes your row. If the transaction rolls back, no email exists; if it
-commits, mailroom's relay publishes the job and a worker sends it exactly once.
+This is the whole producer contract for applications outside Rust: insert the job into
+`mailroom_outbox` inside the transaction that writes your row. If the transaction rolls back,
+no email exists; if it commits, mailroom's relay publishes the job and a worker sends it once.
+django_outbox.py and sqlalchemy_outbox.py do the same through those libraries.
 
-PostgreSQL (psycopg2) or MySQL/MariaDB (PyMySQL), chosen by the URL:
+PostgreSQL (psycopg 3) or MySQL/MariaDB (PyMySQL), chosen by the URL:
 
+    python3 -m venv .venv && .venv/bin/pip install -r examples/requirements.txt
     DATABASE_URL=postgres://mailroom:mailroom@127.0.0.1:5432/mailroom \\
-        /usr/bin/python3 examples/outbox.py --order-id 1042 --to "Ada <ada@example.com>" [--rollback]
+        .venv/bin/python examples/outbox.py --order-id 1042 --to "Ada <ada@example.com>" [--rollback]
     DATABASE_URL=mysql://mailroom:mailroom@127.0.0.1:3306/mailroom \\
-        /usr/bin/python3 examples/outbox.py --order-id 1042 --to "Ada <ada@example.com>"
+        .venv/bin/python examples/outbox.py --order-id 1042 --to "Ada <ada@example.com>"
+
+Run it twice with the same order id: the second run finds the job already queued and writes
+nothing (exit status 0: a retried request that was already done is not an error).
 """
 
 import argparse
@@ -20,31 +24,42 @@ import json
 import os
 import urllib.parse
 
-# The job_id + kind pair is the idempotency key: inserting it twice is a no-op, so a request
-# that is retried (a double click, a retried HTTP call) never queues a second email.
+# The outbox's unique key (job_id, kind), constraint `mailroom_outbox_job`, is the request's
+# idempotency key: the job row goes in FIRST, and if the key is taken the request was already
+# done, so the transaction is rolled back before it writes anything else. The same statements
+# as mailroom's own Rust API (src/db/postgres.rs, src/db/mysql.rs):
 ENQUEUE = {
+    # A duplicate is no error and returns no row.
     "postgres": """
         INSERT INTO mailroom_outbox (job_id, kind, payload)
         VALUES (%(job_id)s, %(kind)s, %(payload)s::jsonb)
         ON CONFLICT (job_id, kind) DO NOTHING
+        RETURNING id
     """,
-    # MySQL has no ON CONFLICT: `id = id` makes a duplicate a no-op. (Not INSERT IGNORE: it
-    # would turn unrelated errors, such as a truncated value, into warnings.)
+    # MySQL has no ON CONFLICT … RETURNING: a plain INSERT whose duplicate-key error (1062) is
+    # caught. InnoDB rolls back that statement only. The outbox has no other unique key, so 1062
+    # here always means (job_id, kind). (Not INSERT IGNORE, which turns unrelated errors into
+    # warnings; and not ON DUPLICATE KEY UPDATE, whose row count cannot say "duplicate" when the
+    # driver sets CLIENT_FOUND_ROWS, as Django's and SQLAlchemy's do.)
     "mysql": """
         INSERT INTO mailroom_outbox (job_id, kind, payload)
         VALUES (%(job_id)s, %(kind)s, %(payload)s)
-        ON DUPLICATE KEY UPDATE id = id
     """,
 }
+ER_DUP_ENTRY = 1062
+
+
+class AlreadyQueued(Exception):
+    """The job (job_id, kind) is in the outbox already: this request was done before."""
 
 
 def connect(url):
     """A DB-API connection (autocommit off: every statement joins one transaction)."""
     parts = urllib.parse.urlsplit(url)
     if parts.scheme in ("postgres", "postgresql"):
-        import psycopg2
+        import psycopg
 
-        return "postgres", psycopg2.connect(url)
+        return "postgres", psycopg.connect(url)
     if parts.scheme in ("mysql", "mariadb"):
         import pymysql
 
@@ -60,8 +75,27 @@ def connect(url):
     raise SystemExit(f"unsupported DATABASE_URL scheme {parts.scheme!r}")
 
 
-def place_order(engine, conn, order_id, to, rollback=False):
-    job = {
+def enqueue(engine, cur, job):
+    """Inserts the job into the outbox; raises AlreadyQueued if its key is there already."""
+    row = {"job_id": job["job_id"], "kind": job["kind"], "payload": json.dumps(job)}
+    if engine == "postgres":
+        cur.execute(ENQUEUE[engine], row)
+        if cur.fetchone() is None:
+            raise AlreadyQueued(job["job_id"])
+        return
+    import pymysql
+
+    try:
+        cur.execute(ENQUEUE[engine], row)
+    except pymysql.err.IntegrityError as e:
+        if e.args[0] == ER_DUP_ENTRY:
+            raise AlreadyQueued(job["job_id"]) from None
+        raise
+
+
+def confirmation_job(order_id, to):
+    """The order confirmation: its job id is derived from the order, so a retry is the same job."""
+    return {
         "job_id": f"order-{order_id}-confirmation",
         "kind": "order_confirmation",
         "to": [to],
@@ -82,12 +116,21 @@ def place_order(engine, conn, order_id, to, rollback=False):
         },
         "created_at": datetime.datetime.now(datetime.timezone.utc).isoformat(),
     }
-    with conn.cursor() as cur:
-        cur.execute("INSERT INTO orders (id, total) VALUES (%s, %s)", (order_id, "$39.90"))
-        cur.execute(
-            ENQUEUE[engine],
-            {"job_id": job["job_id"], "kind": job["kind"], "payload": json.dumps(job)},
-        )
+
+
+def place_order(engine, conn, order_id, to, rollback=False):
+    job = confirmation_job(order_id, to)
+    try:
+        with conn.cursor() as cur:
+            enqueue(engine, cur, job)
+            cur.execute("INSERT INTO orders (id, total) VALUES (%s, %s)", (order_id, "$39.90"))
+    except AlreadyQueued:
+        conn.rollback()
+        print(f"order {order_id}: job {job['job_id']} already exists; nothing written")
+        return
+    except BaseException:
+        conn.rollback()
+        raise
     if rollback:
         conn.rollback()
         print(f"order {order_id} rolled back: no email")
@@ -97,7 +140,9 @@ def place_order(engine, conn, order_id, to, rollback=False):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--order-id", type=int, required=True)
     parser.add_argument("--to", required=True)
     parser.add_argument("--rollback", action="store_true", help="roll the transaction back instead")
