@@ -17,30 +17,11 @@ use crate::helpers::*;
 /// job is counted.
 async fn scrape_after_one_job(app: &TestApp) -> (tokio::process::Child, String) {
     let addr = format!("127.0.0.1:{}", free_port());
-    let mut args = vec!["run".to_string()];
-    args.extend(app.worker_args(&["--relay-poll", "1s", "--http-addr", &addr]));
-    let run = tokio::process::Command::new(env!("CARGO_BIN_EXE_mailroom"))
-        .args(&args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(if std::env::var_os("TEST_LOG").is_some() {
-            Stdio::inherit()
-        } else {
-            Stdio::null()
-        })
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
+    let run = app.spawn_run_process(&["--http-addr", &addr]);
     app.enqueue(&app.email_job("expo-1")).await.unwrap();
     app.smtp.wait_for(1).await;
-    let client = reqwest::Client::new();
     let text = eventually("the job counted and the queues read", || async {
-        let resp = client
-            .get(format!("http://{addr}/metrics"))
-            .send()
-            .await
-            .ok()?;
-        let text = resp.text().await.ok()?;
+        let text = scrape_metrics(&addr).await?;
         let counted = text.contains("mailroom_sent_total{kind=\"welcome\"} 1\n");
         (counted && text.contains("mailroom_queue_messages{")).then_some(text)
     })

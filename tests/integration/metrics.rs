@@ -173,15 +173,7 @@ async fn a_worker_process_serves_metrics_on_its_own_address_and_reloads_on_sighu
         ],
         &[],
     );
-    let client = reqwest::Client::new();
-    let scrape = || async {
-        let resp = client
-            .get(format!("http://{addr}/metrics"))
-            .send()
-            .await
-            .ok()?;
-        resp.text().await.ok()
-    };
+    let scrape = || scrape_metrics(&addr);
     let text = eventually("the worker's metrics listener", scrape).await;
     assert_eq!(sample(&text, "mailroom_received_total"), Some(0.0));
 
@@ -218,30 +210,11 @@ async fn a_worker_process_serves_metrics_on_its_own_address_and_reloads_on_sighu
 async fn mailroom_run_reports_worker_and_relay_counters_on_its_http_metrics() {
     let app = TestApp::spawn().await;
     let addr = format!("127.0.0.1:{}", free_port());
-    let mut args = vec!["run".to_string()];
-    args.extend(app.worker_args(&["--relay-poll", "1s", "--http-addr", &addr]));
-    let run = tokio::process::Command::new(env!("CARGO_BIN_EXE_mailroom"))
-        .args(&args)
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::null())
-        .stderr(if std::env::var_os("TEST_LOG").is_some() {
-            std::process::Stdio::inherit()
-        } else {
-            std::process::Stdio::null()
-        })
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
+    let run = app.spawn_run_process(&["--http-addr", &addr]);
     app.enqueue(&app.email_job("run-1")).await.unwrap();
     app.smtp.wait_for(1).await;
-    let client = reqwest::Client::new();
     let text = eventually("sent and published counted", || async {
-        let resp = client
-            .get(format!("http://{addr}/metrics"))
-            .send()
-            .await
-            .ok()?;
-        let text = resp.text().await.ok()?;
+        let text = scrape_metrics(&addr).await?;
         (sample(&text, "mailroom_sent_total{kind=\"welcome\"}") == Some(1.0)).then_some(text)
     })
     .await;

@@ -14,6 +14,12 @@ use super::app::TestApp;
 
 pub const TOKEN: &str = "test-token-5a1f";
 
+/// `GET http://{addr}/metrics`: the text, or `None` while nothing answers there.
+pub async fn scrape_metrics(addr: &str) -> Option<String> {
+    let resp = reqwest::get(format!("http://{addr}/metrics")).await.ok()?;
+    resp.text().await.ok()
+}
+
 /// The HTTP API of one test, on a port of its own, stopped when dropped.
 pub struct Api {
     pub base: String,

@@ -108,6 +108,26 @@ impl TestApp {
             .expect("start mailroom worker")
     }
 
+    /// Starts `mailroom run` (relay, worker and HTTP API in one process) as a real process, with
+    /// the worker's arguments, `--relay-poll 1s` and `extra`.
+    pub fn spawn_run_process(&self, extra: &[&str]) -> Child {
+        let mut extra = extra.to_vec();
+        extra.extend(["--relay-poll", "1s"]);
+        Process::new(env!("CARGO_BIN_EXE_mailroom"))
+            .arg("run")
+            .args(self.worker_args(&extra))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(if std::env::var_os("TEST_LOG").is_some() {
+                Stdio::inherit()
+            } else {
+                Stdio::null()
+            })
+            .kill_on_drop(true)
+            .spawn()
+            .expect("start mailroom run")
+    }
+
     /// The relay's command line (after `mailroom relay`).
     pub fn relay_args(&self, extra: &[&str]) -> Vec<String> {
         let args: Vec<String> = [
