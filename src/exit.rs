@@ -90,7 +90,7 @@ fn cause_text(cause: &(dyn std::error::Error + 'static)) -> (String, bool) {
 }
 
 /// What `mailroom` prints on stderr when it fails: `error: ` and [`one_line`], the prefix in
-/// red only when `colour` (stderr is a terminal and `NO_COLOR` is unset).
+/// red only when `colour` (`telemetry::use_colour`: the same rule as the log lines).
 pub fn report(error: &anyhow::Error, colour: bool) -> String {
     let prefix = if colour {
         "\x1b[1;31merror\x1b[0m"
@@ -98,14 +98,6 @@ pub fn report(error: &anyhow::Error, colour: bool) -> String {
         "error"
     };
     format!("{prefix}: {}", one_line(error))
-}
-
-/// Whether the fatal line may use colour: stderr is a terminal and `NO_COLOR` is not set to a
-/// non-empty value (no-color.org).
-pub fn colour_on_stderr() -> bool {
-    use std::io::IsTerminal;
-    let no_colour = std::env::var_os("NO_COLOR").is_some_and(|v| !v.is_empty());
-    !no_colour && std::io::stderr().is_terminal()
 }
 
 #[cfg(test)]

@@ -14,7 +14,7 @@ async fn main() -> std::process::ExitCode {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
             // Not through the logger: one plain line, whatever the log format and level.
-            eprintln!("{}", exit::report(&e, exit::colour_on_stderr()));
+            eprintln!("{}", exit::report(&e, mailroom::telemetry::use_colour()));
             std::process::ExitCode::from(exit::code_of(&e) as u8)
         }
     }

@@ -2,8 +2,8 @@
 //! confirmed republish followed by an ack, and in exactly one log line with its `outcome`
 //! (`sent`, `duplicate`, `retry` at INFO; `requeued`, `dead` at WARN, or ERROR when the dead
 //! letter had to go through the queue's own dead-letter exchange). The delivery span adds
-//! `job_id`, `kind`, `attempt` and, after a send, `smtp_ms` and `smtp_reply`. Rejects are per delivery (`basic.reject`), never a
-//! bulk nack that could drag innocent deliveries along.
+//! `job_id`, `kind`, `attempt` and, after a send, `smtp_ms` and `smtp_reply`. Rejects are per
+//! delivery (`basic.reject`), never a bulk nack that could drag innocent deliveries along.
 
 use std::time::Duration;
 

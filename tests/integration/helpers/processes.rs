@@ -90,11 +90,7 @@ impl TestApp {
             .append(true)
             .open(self.dir.path().join("worker.log"))
             .unwrap();
-        let stderr = if std::env::var_os("TEST_LOG").is_some() {
-            Stdio::inherit()
-        } else {
-            Stdio::from(log)
-        };
+        let stderr = test_log_or(Stdio::from(log));
         Process::new(env!("CARGO_BIN_EXE_mailroom"))
             .arg("worker")
             .args(self.worker_args(extra))
@@ -118,11 +114,7 @@ impl TestApp {
             .args(self.worker_args(&extra))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
-            .stderr(if std::env::var_os("TEST_LOG").is_some() {
-                Stdio::inherit()
-            } else {
-                Stdio::null()
-            })
+            .stderr(test_log_or(Stdio::null()))
             .kill_on_drop(true)
             .spawn()
             .expect("start mailroom run")
@@ -167,11 +159,7 @@ impl TestApp {
             .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
-            .stderr(if std::env::var_os("TEST_LOG").is_some() {
-                Stdio::inherit()
-            } else {
-                Stdio::null()
-            })
+            .stderr(test_log_or(Stdio::null()))
             .kill_on_drop(true)
             .spawn()
             .expect("start mailroom relay")
@@ -287,5 +275,14 @@ impl RunningRelay {
         self.stats
             .published
             .load(std::sync::atomic::Ordering::Relaxed)
+    }
+}
+
+/// A spawned process's stderr: this test's own with `TEST_LOG` set, else `otherwise`.
+fn test_log_or(otherwise: Stdio) -> Stdio {
+    if std::env::var_os("TEST_LOG").is_some() {
+        Stdio::inherit()
+    } else {
+        otherwise
     }
 }
