@@ -1,7 +1,8 @@
 //! `/readyz` on the `--metrics-addr` listener of a real `worker` and `relay`: 200 while the
 //! process's broker session and database are up, 503 naming the check that is down while a
 //! fault proxy resets every connection to the database or to RabbitMQ, 200 again once healed.
-//! The shared services are never touched: only the proxies in front of them.
+//! A scrape while the broker is partitioned answers at once with the last queue depths and
+//! their age. The shared services are never touched: only the proxies in front of them.
 
 use serde_json::Value;
 use tokio::process::Child;
@@ -97,4 +98,40 @@ async fn a_relay_is_ready_only_while_its_session_and_database_are_up() {
     let addr = format!("127.0.0.1:{}", free_port());
     let relay = app.spawn_relay_process(&proxies.args(&addr), &[]);
     follows_its_connections(relay, &addr, &proxies).await;
+}
+
+/// The value of the unlabelled series `name` in a `/metrics` text.
+fn value_of(text: &str, name: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
+        .and_then(|v| v.parse().ok())
+}
+
+#[tokio::test]
+async fn a_scrape_while_the_broker_is_partitioned_answers_with_the_last_depths_and_their_age() {
+    let app = TestApp::spawn().await;
+    let proxies = Proxies::start(&app).await;
+    let addr = format!("127.0.0.1:{}", free_port());
+    let worker = app.spawn_worker_process(&proxies.args(&addr), &[]);
+    let fresh = eventually("queue depths read through the proxy", || async {
+        let text = scrape_metrics(&addr).await?;
+        text.contains("mailroom_queue_messages{").then_some(text)
+    })
+    .await;
+    assert!(
+        value_of(&fresh, "mailroom_queue_depth_age_seconds").unwrap() < 1.0,
+        "{fresh}"
+    );
+
+    // The broker stops answering, sockets open: a read that waited for it would never end.
+    proxies.amqp.set(Fault::Blackhole);
+    let stale = tokio::time::timeout(std::time::Duration::from_secs(15), scrape_metrics(&addr))
+        .await
+        .expect("a scrape during a partition answers instead of hanging")
+        .expect("the metrics listener answers");
+    assert!(stale.contains("mailroom_queue_messages{"), "{stale}");
+    let age = value_of(&stale, "mailroom_queue_depth_age_seconds").unwrap();
+    assert!(age >= 1.0, "the depths are served as stale: age {age}");
+    proxies.amqp.set(Fault::Pass);
+    terminate(&worker).await;
 }
