@@ -16,6 +16,7 @@
 //! queue until the alarm clears; the other deliveries are still sent and acked.
 
 mod breaker;
+pub mod heartbeat;
 pub mod histogram;
 pub mod lease;
 #[cfg(test)]
@@ -48,6 +49,7 @@ use crate::db::group::Ledger;
 use crate::dlq::seal::{ReplayKey, ReplayKeys};
 use crate::render::LiveTemplates;
 use crate::smtp::Mailer;
+use heartbeat::Heartbeat;
 
 pub use outcome::{ErrorClass, Outcome};
 pub use stats::{KindStats, OTHER_KIND, Snapshot, Stats};
@@ -141,6 +143,13 @@ impl Worker {
         let slots = Arc::new(Semaphore::new(worker.settings.concurrency.max(1)));
         let tracker = TaskTracker::new();
         let mut reconnect = broker::Reconnect::default();
+        let beats = CancellationToken::new();
+        let heartbeat = Heartbeat::new(
+            worker.db.clone(),
+            worker.stats.clone(),
+            &worker.settings.topology.exchange,
+        );
+        let heartbeat = tokio::spawn(heartbeat.run(beats.clone()));
         while !shutdown.is_cancelled() {
             let ended = worker
                 .session(&slots, &tracker, &shutdown, &mut reconnect)
@@ -159,6 +168,9 @@ impl Worker {
             }
         }
         drain(&tracker, worker.settings.shutdown_grace).await;
+        // The last beat counts the drained deliveries and marks the worker stopped.
+        beats.cancel();
+        let _ = heartbeat.await;
         worker.db.close().await;
         tracing::info!("worker stopped");
         Ok(())

@@ -19,6 +19,7 @@ mod doors;
 mod exposition;
 mod failures;
 mod first_contact;
+mod fleet;
 mod hostile;
 mod http;
 mod http_dlq;
