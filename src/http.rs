@@ -8,6 +8,8 @@
 //!   The body limit is the job limit (413 beyond).
 //! - `GET /v1/emails/{job_id}/{kind}`: the job's state (see [`crate::status`]).
 //! - `/v1/dlq…`: the dead-letter queue ([`dlq`]): list, show, replay, purge.
+//! - `GET /v1/overview`: the pipeline at a glance ([`overview`]): the last hour per minute, the
+//!   workers, queue depths, the outbox.
 //! - `GET /metrics`: Prometheus text ([`metrics`]).
 //! - `GET /healthz` (the process runs) and `GET /readyz` (database and broker reachable, on a
 //!   kept connection; error details only with the token: [`ready`]).
@@ -24,6 +26,7 @@
 mod dlq;
 mod enqueue;
 pub mod metrics;
+pub mod overview;
 pub mod ready;
 
 use std::net::SocketAddr;
@@ -87,6 +90,7 @@ pub fn router(state: Arc<ApiState>) -> Router {
             post(enqueue::enqueue).layer(DefaultBodyLimit::max(MAX_JOB_BYTES)),
         )
         .route("/v1/emails/{job_id}/{kind}", get(status))
+        .route("/v1/overview", get(overview::get))
         .route("/v1/dlq", get(dlq::list))
         .route("/v1/dlq/replay", post(dlq::replay))
         .route("/v1/dlq/purge", post(dlq::purge))

@@ -11,7 +11,7 @@ use tokio::net::TcpListener;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
-use super::{BrokerConfig, check_broker, check_database, live_templates};
+use super::{BrokerConfig, check_broker, check_database, live_templates, queue_depths};
 use crate::config::SecretUrl;
 use crate::db::Database;
 use crate::http::metrics::Metrics;
@@ -66,7 +66,10 @@ pub async fn run_serve(config: &ServeConfig, shutdown: CancellationToken) -> any
         &config.database_url,
         &config.broker,
         templates,
-        Metrics::default(),
+        Metrics {
+            queues: Some(queue_depths(&config.broker, "serve")),
+            ..Metrics::default()
+        },
         None,
     )?;
     http::serve(listener, state, shutdown).await

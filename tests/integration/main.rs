@@ -31,6 +31,7 @@ mod logs;
 mod metrics;
 mod once;
 mod outbox;
+mod overview;
 mod poison;
 mod producers;
 mod proxy_faults;

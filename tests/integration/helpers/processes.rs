@@ -120,6 +120,29 @@ impl TestApp {
             .expect("start mailroom run")
     }
 
+    /// Starts `mailroom serve` as a real process on `http_addr`, with the test's database,
+    /// broker and namespace, and `extra`.
+    pub fn spawn_serve_process(&self, http_addr: &str, extra: &[&str]) -> Child {
+        Process::new(env!("CARGO_BIN_EXE_mailroom"))
+            .args([
+                "serve",
+                "--http-addr",
+                http_addr,
+                "--database-url",
+                &self.db_url,
+            ])
+            .args(["--amqp-url", &self.amqp_url, "--namespace", &self.namespace])
+            .args(["--retry-delays", TEST_RETRY_DELAYS])
+            .args(extra)
+            .env_remove("DATABASE_URL")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(test_log_or(Stdio::null()))
+            .kill_on_drop(true)
+            .spawn()
+            .expect("start mailroom serve")
+    }
+
     /// The relay's command line (after `mailroom relay`).
     pub fn relay_args(&self, extra: &[&str]) -> Vec<String> {
         let args: Vec<String> = [
