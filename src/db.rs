@@ -12,6 +12,7 @@
 //! - `ledger`: the claim ledger (`sent_notifications`), its state machine and what a refused
 //!   claim means.
 //! - `group`: group commit of the ledger's claims and records, the worker's [`group::Ledger`].
+//! - `ledger_retention`: deletes settled ledger rows past `MAILROOM_LEDGER_RETENTION`.
 //! - `outbox`: the transactional outbox (`mailroom_outbox`): enqueue, and the relay's batches.
 //! - `refused`: `dead`/`invalid` rows for jobs refused past the doors, and stored payloads.
 //! - `fleet`: the workers that run and their per-minute counts (`mailroom_workers`).
@@ -23,6 +24,7 @@ mod connect;
 pub mod fleet;
 pub mod group;
 pub mod ledger;
+mod ledger_retention;
 mod mysql;
 pub mod outbox;
 mod postgres;

@@ -24,6 +24,7 @@ mod model;
 mod outcome;
 mod process;
 mod refuse;
+pub mod retention;
 mod send;
 mod settle;
 pub mod stats;
@@ -66,6 +67,8 @@ pub struct WorkerSettings {
     pub lease: Duration,
     pub on_uncertain: OnUncertain,
     pub max_attempts: i32,
+    /// Settled ledger rows older than this are deleted ([`retention`]); `None` keeps them.
+    pub ledger_retention: Option<Duration>,
     /// Claims and records written per group commit at most; 1 writes each alone.
     pub ledger_group: usize,
     pub shutdown_grace: Duration,
@@ -150,6 +153,10 @@ impl Worker {
             &worker.settings.topology.exchange,
         );
         let heartbeat = tokio::spawn(heartbeat.run(beats.clone()));
+        if let Some(retention) = worker.settings.ledger_retention {
+            let (db, stats) = (worker.db.clone(), worker.stats.clone());
+            tokio::spawn(retention::run(db, retention, stats, beats.clone()));
+        }
         while !shutdown.is_cancelled() {
             let ended = worker
                 .session(&slots, &tracker, &shutdown, &mut reconnect)

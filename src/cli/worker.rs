@@ -79,6 +79,11 @@ pub struct WorkerArgs {
     /// sending.
     #[arg(long, env = "MAILROOM_TEMPLATE_RELOAD_INTERVAL", default_value = "2s", value_parser = config::parse_duration)]
     pub template_reload_interval: Duration,
+    /// How long `sent` and `dead` rows stay in the ledger (`sent_notifications`): the dedup
+    /// horizon, since a copy of a job arriving after its row is deleted is sent again. At least
+    /// the retry schedule plus the dead-letter retention (checked at startup); 0s keeps every row.
+    #[arg(long, env = "MAILROOM_LEDGER_RETENTION", default_value = "45d", value_parser = config::parse_duration)]
+    pub ledger_retention: Duration,
     #[command(flatten)]
     pub metrics: MetricsOptions,
 }
@@ -98,6 +103,7 @@ impl WorkerArgs {
             lease: self.lease,
             smtp_timeout: self.smtp_timeout,
             max_attempts: self.max_attempts,
+            ledger_retention: (!self.ledger_retention.is_zero()).then_some(self.ledger_retention),
             concurrency: self.concurrency,
             prefetch: self.prefetch,
             ledger_group: self.ledger_group,

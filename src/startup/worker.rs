@@ -38,6 +38,8 @@ pub struct WorkerConfig {
     pub lease: Duration,
     pub smtp_timeout: Duration,
     pub max_attempts: i32,
+    /// `None` keeps every ledger row.
+    pub ledger_retention: Option<Duration>,
     pub concurrency: usize,
     /// At least `concurrency` (refused when lower); `None`: twice `concurrency`.
     pub prefetch: Option<u16>,
@@ -79,6 +81,13 @@ pub async fn run_worker(config: &WorkerConfig, shutdown: CancellationToken) -> a
 /// Validates the settings, loads the templates, and builds the worker (it connects lazily).
 pub fn build_worker(config: &WorkerConfig) -> anyhow::Result<Worker> {
     crate::worker::lease::check(config.lease, config.smtp_timeout).map_err(Fatal::Config)?;
+    let horizon = crate::worker::retention::Horizon {
+        retry_delays: &config.broker.retry_delays.0,
+        max_attempts: config.max_attempts,
+        lease: config.lease,
+        dead_letter_retention: crate::worker::retention::DEAD_LETTERS_KEPT,
+    };
+    crate::worker::retention::check(config.ledger_retention, &horizon).map_err(Fatal::Config)?;
     // The mailer first: a password that could travel in clear text is the graver refusal.
     let mailer =
         Mailer::new(&mailer_settings(config)).map_err(|e| Fatal::Config(exit::one_line(&e)))?;
@@ -119,6 +128,7 @@ fn worker_settings(config: &WorkerConfig, concurrency: usize, prefetch: u16) -> 
         lease: config.lease,
         on_uncertain: config.on_uncertain,
         max_attempts: config.max_attempts.max(1),
+        ledger_retention: config.ledger_retention,
         ledger_group: config.ledger_group.max(1),
         shutdown_grace: config.shutdown_grace,
         name: format!("mailroom worker (pid {})", std::process::id()),

@@ -58,6 +58,8 @@ pub struct Stats {
     /// reply lost after the final dot (W2), a `sent` that could not be committed (W1), or an
     /// accepted send whose claim had been taken over. Each can explain one duplicate.
     pub open_windows: AtomicU64,
+    /// Settled ledger rows deleted past the retention.
+    pub ledger_deleted: AtomicU64,
     /// Longest wait for an SMTP session so far, in microseconds (before any claim).
     longest_session_wait_us: AtomicU64,
     /// Dead-lettered, by (kind, error class).
@@ -96,6 +98,7 @@ impl Default for Stats {
             unsettled: AtomicU64::new(0),
             given_back: AtomicU64::new(0),
             open_windows: AtomicU64::new(0),
+            ledger_deleted: AtomicU64::new(0),
             longest_session_wait_us: AtomicU64::new(0),
             dead_by: Mutex::default(),
             by_kind: Mutex::default(),

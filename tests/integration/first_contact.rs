@@ -288,6 +288,19 @@ async fn a_from_without_an_address_and_a_prefetch_below_the_concurrency_are_said
 }
 
 #[tokio::test]
+async fn a_ledger_retention_shorter_than_a_late_copy_is_refused_naming_the_minimum() {
+    let app = TestApp::spawn().await;
+    let short = build_error(&app, &["--ledger-retention", "1d"], &[]).expect("refused");
+    assert!(
+        short.starts_with("MAILROOM_LEDGER_RETENTION 1day is shorter than the 30days"),
+        "{short}"
+    );
+    assert!(short.contains("use at least 30days"), "{short}");
+    assert_eq!(build_error(&app, &["--ledger-retention", "31d"], &[]), None);
+    assert_eq!(build_error(&app, &["--ledger-retention", "0s"], &[]), None);
+}
+
+#[tokio::test]
 async fn each_class_of_failure_exits_with_its_documented_code() {
     let app = TestApp::spawn().await;
     let usage = app.cli_output(&["status", "--no-such-flag"]).await;

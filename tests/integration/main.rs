@@ -25,6 +25,7 @@ mod http;
 mod http_dlq;
 mod image;
 mod ledger;
+mod ledger_retention;
 mod lifecycle;
 mod live_templates;
 mod logs;

@@ -98,6 +98,12 @@ fn unsettled(out: &mut String, w: &Stats) {
         "Sends that may have reached the SMTP server without sent being recorded (a lost reply after the final dot, a record that failed, a claim taken over): each may explain one duplicate.",
         w.open_windows.load(Ordering::Relaxed),
     );
+    counter(
+        out,
+        "mailroom_ledger_deleted_total",
+        "Settled (sent or dead) ledger rows deleted past MAILROOM_LEDGER_RETENTION.",
+        w.ledger_deleted.load(Ordering::Relaxed),
+    );
 }
 
 /// The longest wait for an SMTP session, the deliveries in flight and the SMTP circuit.
