@@ -14,11 +14,13 @@
 //! - `group`: group commit of the ledger's claims and records, the worker's [`group::Ledger`].
 //! - `outbox`: the transactional outbox (`mailroom_outbox`): enqueue, and the relay's batches.
 //! - `refused`: `dead`/`invalid` rows for jobs refused past the doors, and stored payloads.
+//! - `dead_letters`: `mailroom_dead_letters`, the dead letters ingested from `<ns>.dead`.
 //! - `secrets`: values mailroom's processes share (the replay key).
 //! - `connect`: the first contact (one connection whose failure is told plainly) and the
 //!   schema version against the migrations built into the binary.
 
 mod connect;
+pub mod dead_letters;
 pub mod group;
 pub mod ledger;
 mod mysql;
