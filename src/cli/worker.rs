@@ -81,6 +81,8 @@ pub struct WorkerArgs {
     pub template_reload_interval: Duration,
     #[command(flatten)]
     pub metrics: MetricsOptions,
+    #[command(flatten)]
+    pub dead_letters: super::dlq::RetentionArgs,
 }
 
 impl WorkerArgs {
@@ -105,6 +107,7 @@ impl WorkerArgs {
             shutdown_grace: self.shutdown_grace,
             template_reload_interval: self.template_reload_interval,
             metrics_addr: self.metrics.metrics_addr,
+            dead_letter_retention: self.dead_letters.dead_letter_retention,
         }
     }
 

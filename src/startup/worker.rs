@@ -10,7 +10,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::{
     BrokerConfig, check_broker, check_database, follow_templates, load_templates, queue_depths,
-    spawn_metrics, stop_metrics,
+    spawn_ingest, spawn_metrics, stop_metrics,
 };
 use crate::config::{OnUncertain, SecretUrl};
 use crate::db::Database;
@@ -47,6 +47,8 @@ pub struct WorkerConfig {
     pub template_reload_interval: Duration,
     /// A `/metrics` listener of its own.
     pub metrics_addr: Option<SocketAddr>,
+    /// Replayed and purged dead-letter rows older than this are deleted.
+    pub dead_letter_retention: Duration,
 }
 
 /// Runs the worker, the template watcher (and SIGHUP) and the optional metrics listener until
@@ -71,7 +73,15 @@ pub async fn run_worker(config: &WorkerConfig, shutdown: CancellationToken) -> a
         db: worker.database(),
     };
     let server = spawn_metrics(config.metrics_addr, metrics, readiness, &shutdown).await?;
+    let ingest = spawn_ingest(
+        &config.database_url,
+        &config.broker,
+        config.dead_letter_retention,
+        &shutdown,
+    )?;
     let result = worker.run(shutdown.clone()).await;
+    shutdown.cancel();
+    let _ = ingest.await;
     stop_metrics(server, &shutdown).await?;
     result
 }
