@@ -9,9 +9,11 @@ use crate::db::Database;
 use crate::dlq::seal;
 use crate::dlq::{Cursor, DeadLetters, Detail, Replayer, Report, Selection, default_actor, ingest};
 
-/// The table of `url`, on a small pool.
-fn open(url: &crate::config::SecretUrl) -> anyhow::Result<DeadLetters> {
-    Ok(DeadLetters::new(Database::connect_lazy(url, 2)?))
+/// The table of `url`, on a small pool; a database that is down or refuses the login is told
+/// in one line at once.
+async fn open(url: &crate::config::SecretUrl) -> anyhow::Result<DeadLetters> {
+    let db = Database::connect(url, 2, crate::db::OnAcquire::Ping).await?;
+    Ok(DeadLetters::new(db))
 }
 
 /// Runs `f` on the table, then closes the pool.
@@ -32,7 +34,7 @@ pub(super) async fn list(a: &ListArgs) -> anyhow::Result<()> {
         .map(str::parse::<Cursor>)
         .transpose()
         .map_err(|e| anyhow::anyhow!("--cursor: {e}"))?;
-    let dlq = open(&a.db.database_url)?;
+    let dlq = open(&a.db.database_url).await?;
     if a.summary {
         let summary = with_table(dlq, async |d| d.summary(&filter).await).await?;
         return if a.json {
@@ -51,7 +53,7 @@ pub(super) async fn list(a: &ListArgs) -> anyhow::Result<()> {
 
 pub(super) async fn groups(a: &GroupsArgs) -> anyhow::Result<()> {
     let filter = a.filter.filter();
-    let dlq = open(&a.db.database_url)?;
+    let dlq = open(&a.db.database_url).await?;
     let groups = with_table(dlq, async |d| d.groups(&filter).await).await?;
     if a.json {
         print::json(&groups)
@@ -61,7 +63,7 @@ pub(super) async fn groups(a: &GroupsArgs) -> anyhow::Result<()> {
 }
 
 pub(super) async fn show(a: &ShowArgs) -> anyhow::Result<()> {
-    let dlq = open(&a.db.database_url)?;
+    let dlq = open(&a.db.database_url).await?;
     let mut details = with_table(dlq, async |d| d.show(&a.id).await).await?;
     if details.is_empty() {
         anyhow::bail!("no dead letter with row id or job id {:?}", a.id);
@@ -81,7 +83,7 @@ pub(super) async fn replay(a: &ReplayArgs) -> anyhow::Result<()> {
     let Some(urls) = &a.amqp_url else {
         anyhow::bail!("replaying needs AMQP_URL (or --amqp-url): the broker to publish to");
     };
-    let dlq = open(&a.db.database_url)?;
+    let dlq = open(&a.db.database_url).await?;
     let by = a.by.clone().unwrap_or_else(default_actor);
     let topology = Topology::new(&a.namespace, a.retry_delays.0.clone());
     let report = with_table(dlq, async |d| {
@@ -98,7 +100,7 @@ pub(super) async fn replay(a: &ReplayArgs) -> anyhow::Result<()> {
 pub(super) async fn dry_run(a: &ReplayArgs) -> anyhow::Result<()> {
     let selection = Selection::one_of(a.select.args())?;
     let (_, templates) = crate::startup::load_templates(&a.templates)?;
-    let dlq = open(&a.db.database_url)?;
+    let dlq = open(&a.db.database_url).await?;
     let previews = with_table(dlq, async |d| d.dry_run(&selection, &templates).await).await?;
     if a.json {
         print::json(&previews)
@@ -114,14 +116,13 @@ pub(super) async fn purge(a: &PurgeArgs) -> anyhow::Result<()> {
         anyhow::bail!("purge {what} the selected dead letters; add --yes to confirm");
     }
     let by = a.by.clone().unwrap_or_else(default_actor);
-    let dlq = open(&a.db.database_url)?;
+    let dlq = open(&a.db.database_url).await?;
     let report = with_table(dlq, async |d| d.purge(&selection, &by, a.delete).await).await?;
     finish(&selection, &report, a.json)
 }
 
 pub(super) async fn ingest(a: &IngestArgs) -> anyhow::Result<()> {
-    let db = Database::connect(&a.db.database_url, 2, crate::db::OnAcquire::Ping).await?;
-    let dlq = DeadLetters::new(db);
+    let dlq = open(&a.db.database_url).await?;
     let broker = a.broker.config();
     let (drained, expired) = with_table(dlq, async |d| {
         let drained = ingest::drain(&broker.amqp_url, &broker.topology(), d.database()).await?;

@@ -50,6 +50,28 @@ async fn a_letter_is_never_lost_when_the_ingesting_worker_is_killed_between_inse
     assert_eq!(rows(&app).await, 1, "exactly one row");
 }
 
+#[tokio::test]
+async fn mailroom_run_ingests_the_dead_letter_queue_as_it_fills() {
+    let app = TestApp::spawn().await;
+    let addr = format!("127.0.0.1:{}", free_port());
+    let mut run = app.spawn_run_process(&["--http-addr", &addr]);
+    eventually("run consuming the dead-letter queue", || async {
+        (app.dead_consumers().await == 1).then_some(())
+    })
+    .await;
+    publish_to_dlx(&app, &[letter(&app.job("by-run"), "rejected", "550")]).await;
+    eventually("the letter in the table, none in the queue", || async {
+        (rows(&app).await == 1 && app.dead_queue_length().await == 0).then_some(())
+    })
+    .await;
+    terminate(&run).await;
+    run.wait().await.unwrap();
+    eventually("no consumer left", || async {
+        (app.dead_consumers().await == 0).then_some(())
+    })
+    .await;
+}
+
 fn with_headers(mut l: Letter, headers: &[(&str, AMQPValue)]) -> Letter {
     l.props = broker::with_headers(&l.props, headers);
     l
