@@ -16,11 +16,13 @@
 //! - `outbox`: the transactional outbox (`mailroom_outbox`): enqueue, and the relay's batches.
 //! - `refused`: `dead`/`invalid` rows for jobs refused past the doors, and stored payloads.
 //! - `fleet`: the workers that run and their per-minute counts (`mailroom_workers`).
+//! - `dead_letters`: `mailroom_dead_letters`, the dead letters ingested from `<ns>.dead`.
 //! - `secrets`: values mailroom's processes share (the replay key).
 //! - `connect`: the first contact (one connection whose failure is told plainly) and the
 //!   schema version against the migrations built into the binary.
 
 mod connect;
+pub mod dead_letters;
 pub mod fleet;
 pub mod group;
 pub mod ledger;

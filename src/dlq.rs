@@ -1,54 +1,50 @@
-//! The dead-letter queue `<ns>.dead`: list, show, replay and purge, as plain async functions
-//! returning data, shared by the CLI (`mailroom dlq …`) and the HTTP API.
+//! Dead letters as rows: `<ns>.dead` is ingested into `mailroom_dead_letters` ([`ingest`]), and
+//! everything people do with dead letters reads and changes that table, as plain async
+//! functions returning data, shared by the CLI (`mailroom dlq …`), the HTTP API and any page.
+//! The queue stays the transport; the table is what people browse, so two readers at the same
+//! time see the same rows, and reading declares and changes nothing on the broker.
 //!
-//! Nothing here loses or reorders a dead letter it does not mean to touch: every operation is
-//! one [`unacked`] pass that takes each message unacknowledged and lets the broker requeue the
-//! untouched ones in place when the pass ends, or when the process dies. The operations that act
-//! on a [`Selection`] (replay, purge, dry run) are in [`selection`].
-//!
-//! - [`DeadLetters::list`]: one [`Entry`] per message (masked recipient, class, reason, …),
-//!   filtered by a [`Filter`]; [`summarize`] counts them by kind and reason.
-//! - [`DeadLetters::show`]: the whole job, every header, `x-death`, and the ledger row;
-//!   [`Detail::masked`] masks every email address in it, which both doors do unless asked to
-//!   reveal them (`--reveal`, `?reveal=true`).
-//! - [`DeadLetters::replay`]: republish the [`Selection`] through the main exchange with
-//!   confirms, then remove it (at-least-once: a crash in between duplicates, never loses). The
-//!   copy carries `x-mailroom-replay`, which lets the worker claim a `dead` or `uncertain` row
-//!   one more time; a `sent` row is never claimed again, so a replay never sends twice. The
-//!   worker honours it only with a valid [`seal`] (a copy from another publisher has none).
-//! - [`DeadLetters::dry_run`]: render the selection against today's templates, change nothing.
-//! - [`DeadLetters::purge`]: remove the selection for good.
+//! - [`DeadLetters::list`]: a [`Page`] of [`Entry`]s (masked recipient, class, reason, state),
+//!   newest first, filtered by a [`Filter`], continued by its [`Page::next`] cursor.
+//! - [`DeadLetters::groups`]: failure [`Group`]s (one class, one normalised reason) with counts,
+//!   first and last seen; [`DeadLetters::summary`] counts by kind and group.
+//! - [`DeadLetters::show`]: rows in full (the job, every header, `x-death`, the ledger row);
+//!   [`Detail::masked`] masks every email address, which both doors do unless asked to reveal.
+//! - [`DeadLetters::replay`], [`DeadLetters::dry_run`], [`DeadLetters::purge`],
+//!   [`DeadLetters::expire`]: on a [`Selection`] (row ids, job ids, a filter, a group, all),
+//!   see `selection.rs` and `replay.rs`.
 
+mod browse;
 mod class;
+pub mod ingest;
 mod letter;
+mod replay;
 pub mod seal;
 mod selection;
-mod unacked;
-
-use std::collections::BTreeMap;
+mod stored;
 
 use chrono::{DateTime, Utc};
-use lapin::{Connection, message::Delivery};
 use serde::Serialize;
 use serde_json::Value;
 
-use crate::broker::{self, Topology};
-use crate::config::UrlList;
 use crate::db::{Database, Notification};
 use crate::job::mask_addresses;
 
+pub use browse::{Cursor, Group, Page, Summary};
 pub use class::{Class, UnknownClass};
 pub use letter::Death;
-pub use selection::{NotOneSelection, Preview, Progress, Report, Selection};
+pub use replay::{Preview, Replayer};
+pub use selection::{NotOneSelection, Report, Selection, SelectionArgs, default_actor};
+pub use stored::{MAX_STORED_BODY, OVERSIZE_KEPT, decode_properties};
 
 /// One dead letter, as a listing shows it.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Entry {
-    /// 1-based position in the queue when it was read.
-    pub position: usize,
+    /// The row id: what `show`, `replay --id` and `/v1/dlq/{id}` take.
+    pub id: i64,
     pub job_id: String,
     pub kind: String,
-    /// The first recipient, masked (`a***@example.com +1`); `?` when the body has none.
+    /// The first recipient, masked (`a***@example.com +1`); `?` when the job has none.
     pub recipient: String,
     /// A [`Class`] name: `invalid`, `template`, `rejected`, `exhausted`, `uncertain` (set by the
     /// worker), `poison` (the broker's delivery limit), `broker` (other broker dead-lettering) or
@@ -56,75 +52,87 @@ pub struct Entry {
     pub class: String,
     /// Why it died, with any email address masked.
     pub reason: String,
+    /// Its failure group (hex), as `dlq groups` and `/v1/dlq/groups` name it.
+    pub group: String,
     pub attempts: Option<i64>,
     pub failed_at: Option<DateTime<Utc>>,
-    /// How many times it was replayed before.
+    /// How many times it was replayed before it died this time.
     pub replays: i64,
+    pub ingested_at: DateTime<Utc>,
+    /// `dead`, `replayed` or `purged`.
+    pub state: String,
+    pub replayed_at: Option<DateTime<Utc>>,
+    pub replayed_by: Option<String>,
+    /// `published`, or why the last replay failed.
+    pub replay_result: Option<String>,
+    pub purged_at: Option<DateTime<Utc>>,
+    pub purged_by: Option<String>,
+    /// The body's size as it arrived; above [`MAX_STORED_BODY`] only its head is kept.
+    pub body_size: i64,
+    /// Whether only the head of the body was kept (an oversize letter: it cannot be replayed).
+    pub truncated: bool,
 }
 
-/// Which dead letters a listing shows; every field set must match.
-#[derive(Clone, Debug, Default)]
+/// Which rows a state filter takes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum States {
+    /// Only `dead` rows: what is still to be dealt with.
+    #[default]
+    Dead,
+    Replayed,
+    Purged,
+    All,
+}
+
+impl States {
+    fn column(self) -> Option<&'static str> {
+        match self {
+            States::Dead => Some("dead"),
+            States::Replayed => Some("replayed"),
+            States::Purged => Some("purged"),
+            States::All => None,
+        }
+    }
+}
+
+impl std::str::FromStr for States {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<States, String> {
+        match s {
+            "dead" => Ok(States::Dead),
+            "replayed" => Ok(States::Replayed),
+            "purged" => Ok(States::Purged),
+            "all" => Ok(States::All),
+            other => Err(format!(
+                "unknown state {other:?}; the states are: dead, replayed, purged, all"
+            )),
+        }
+    }
+}
+
+/// Which dead letters a listing, a group count or a replay takes; every field set must match.
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct Filter {
     pub kind: Option<String>,
     pub class: Option<Class>,
-    /// Failed at or after this instant (messages without a failure time never match).
+    /// Failed (or, without a failure time, ingested) at or after this instant.
     pub since: Option<DateTime<Utc>>,
-    /// Substring of the reason or the job id.
-    pub grep: Option<String>,
+    /// … and before this one.
+    pub until: Option<DateTime<Utc>>,
+    /// Case-insensitive text in the reason, the recipient or the job id (`%`, `_` literal).
+    pub text: Option<String>,
+    pub state: States,
 }
 
 impl Filter {
-    pub fn matches(&self, e: &Entry) -> bool {
-        self.kind.as_ref().is_none_or(|k| *k == e.kind)
-            && self.class.is_none_or(|c| c.as_str() == e.class)
-            && self
-                .since
-                .is_none_or(|since| e.failed_at.is_some_and(|at| at >= since))
-            && self
-                .grep
-                .as_ref()
-                .is_none_or(|g| e.reason.contains(g.as_str()) || e.job_id.contains(g.as_str()))
-    }
-}
-
-/// Counts of a listing.
-#[derive(Clone, Debug, Default, PartialEq, Serialize)]
-pub struct Summary {
-    pub total: usize,
-    pub by_kind: BTreeMap<String, usize>,
-    /// Most frequent first.
-    pub by_reason: Vec<ReasonCount>,
-}
-
-/// How many dead letters share one class and reason.
-#[derive(Clone, Debug, PartialEq, Serialize)]
-pub struct ReasonCount {
-    pub class: String,
-    pub reason: String,
-    pub count: usize,
-}
-
-/// Counts entries by kind and by (class, reason).
-pub fn summarize(entries: &[Entry]) -> Summary {
-    let mut by_kind = BTreeMap::new();
-    let mut reasons: BTreeMap<(&str, &str), usize> = BTreeMap::new();
-    for e in entries {
-        *by_kind.entry(e.kind.clone()).or_default() += 1;
-        *reasons.entry((&e.class, &e.reason)).or_default() += 1;
-    }
-    let mut by_reason: Vec<ReasonCount> = reasons
-        .into_iter()
-        .map(|((class, reason), count)| ReasonCount {
-            class: class.to_owned(),
-            reason: reason.to_owned(),
-            count,
-        })
-        .collect();
-    by_reason.sort_by_key(|r| std::cmp::Reverse(r.count));
-    Summary {
-        total: entries.len(),
-        by_kind,
-        by_reason,
+    /// Whether it names anything beyond the default state.
+    pub fn is_empty(&self) -> bool {
+        self.kind.is_none()
+            && self.class.is_none()
+            && self.since.is_none()
+            && self.until.is_none()
+            && self.text.is_none()
     }
 }
 
@@ -138,8 +146,9 @@ pub struct Detail {
     pub headers: serde_json::Map<String, Value>,
     /// `x-death`, parsed, newest first.
     pub deaths: Vec<Death>,
+    pub exchange: String,
     pub routing_key: String,
-    /// The job's `sent_notifications` row, if any (and if a database was given).
+    /// The job's `sent_notifications` row, if any.
     pub notification: Option<Row>,
 }
 
@@ -203,91 +212,25 @@ impl From<Notification> for Row {
     }
 }
 
-/// A connection to the broker for dead-letter operations.
+/// The dead letters of one database. Cheap to clone; needs no broker (a replay takes a
+/// [`Replayer`]).
+#[derive(Clone, Debug)]
 pub struct DeadLetters {
-    conn: Connection,
-    topology: Topology,
+    db: Database,
 }
 
 impl DeadLetters {
-    /// Connects (named `name` in `rabbitmqctl list_connections`) and declares the topology.
-    pub async fn connect(
-        urls: &UrlList,
-        topology: Topology,
-        name: &str,
-    ) -> anyhow::Result<DeadLetters> {
-        let conn = broker::connect(urls, name).await?;
-        let setup = conn.create_channel().await?;
-        broker::declare_topology(&setup, &topology).await?;
-        let _ = setup.close(200, "declared".into()).await;
-        Ok(DeadLetters { conn, topology })
+    pub fn new(db: Database) -> DeadLetters {
+        DeadLetters { db }
     }
 
-    /// The dead-letter queue these operations work on.
-    pub fn dead_queue(&self) -> &str {
-        &self.topology.dead
-    }
-
-    /// Every dead letter matching `filter`, in queue order; the queue is left as it was.
-    pub async fn list(&self, filter: &Filter) -> anyhow::Result<Vec<Entry>> {
-        self.read(|e, _| filter.matches(&e).then_some(e)).await
-    }
-
-    /// Every dead letter of `job_id` in full, with its ledger row when `db` is given.
-    pub async fn show(&self, job_id: &str, db: Option<&Database>) -> anyhow::Result<Vec<Detail>> {
-        let mut found = self
-            .read(|entry, d| (entry.job_id == job_id).then(|| detail(entry, d)))
-            .await?;
-        if let Some(db) = db {
-            for detail in &mut found {
-                let e = &detail.entry;
-                detail.notification = db.notification(&e.job_id, &e.kind).await?.map(Row::from);
-            }
-        }
-        Ok(found)
-    }
-
-    /// One [`unacked`] pass over the queue, in order, keeping what `keep` makes of each dead
-    /// letter; the queue is left as it was.
-    async fn read<T>(
-        &self,
-        mut keep: impl FnMut(Entry, &Delivery) -> Option<T>,
-    ) -> anyhow::Result<Vec<T>> {
-        let mut pass = unacked::Pass::open(&self.conn, &self.topology.dead).await?;
-        let mut kept = Vec::new();
-        let mut position = 0;
-        let result = async {
-            while let Some(d) = pass.next().await? {
-                position += 1;
-                kept.extend(keep(letter::entry(position, &d), &d));
-            }
-            anyhow::Ok(())
-        }
-        .await;
-        pass.close().await;
-        result.map(|()| kept)
-    }
-
-    /// Closes the connection.
-    pub async fn close(self) {
-        let _ = self.conn.close(200, "done".into()).await;
+    /// The database the rows are in.
+    pub fn database(&self) -> &Database {
+        &self.db
     }
 }
 
-/// One dead letter in full, its ledger row not read yet.
-fn detail(entry: Entry, d: &Delivery) -> Detail {
-    Detail {
-        job: serde_json::from_slice(&d.data)
-            .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&d.data).into_owned())),
-        headers: letter::headers_json(&d.properties),
-        deaths: letter::deaths(&d.properties),
-        routing_key: d.routing_key.to_string(),
-        notification: None,
-        entry,
-    }
-}
-
-/// The `since` of a [`Filter`], as the CLI and the HTTP API take it: `2h` → two hours ago;
+/// A time as the CLI and the HTTP API take it (`since`, `until`): `2h` → two hours ago;
 /// otherwise an RFC 3339 time.
 pub fn parse_since(s: &str) -> Result<DateTime<Utc>, String> {
     if let Ok(at) = DateTime::parse_from_rfc3339(s.trim()) {

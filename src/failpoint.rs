@@ -20,7 +20,8 @@
 //!
 //! Points: `worker.before_claim` (decoded, nothing claimed yet), `worker.after_claim`,
 //! `worker.after_smtp_ok`, `worker.after_record`, `worker.before_ack` (every ack: the outcome is
-//! recorded or published, the ack not sent), `relay.after_confirm`.
+//! recorded or published, the ack not sent), `relay.after_confirm`, `dlq.after_insert` (a dead
+//! letter's row committed, its ack not sent: [`crate::dlq::ingest`]).
 
 /// The environment variable that arms failpoints.
 pub const ENV: &str = "MAILROOM_FAILPOINTS";

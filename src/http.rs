@@ -7,7 +7,7 @@
 //!   The same key and job again is accepted and writes nothing; another body under it is 422.
 //!   The body limit is the job limit (413 beyond).
 //! - `GET /v1/emails/{job_id}/{kind}`: the job's state (see [`crate::status`]).
-//! - `/v1/dlq…`: the dead-letter queue ([`dlq`]): list, show, replay, purge.
+//! - `/v1/dlq…`: the dead letters ([`dlq`]): list, groups, show, replay, purge.
 //! - `GET /v1/overview`: the pipeline at a glance ([`overview`]): the last hour per minute, the
 //!   workers, queue depths, the outbox.
 //! - `GET /metrics`: Prometheus text ([`metrics`]).
@@ -94,6 +94,7 @@ pub fn router(state: Arc<ApiState>) -> Router {
         .route("/v1/dlq", get(dlq::list))
         .route("/v1/dlq/replay", post(dlq::replay))
         .route("/v1/dlq/purge", post(dlq::purge))
+        .route("/v1/dlq/groups", get(dlq::groups))
         .route("/v1/dlq/{job_id}", get(dlq::show))
         .route_layer(middleware::from_fn_with_state(state.clone(), require_token));
     Router::new()

@@ -64,6 +64,24 @@ impl BrokerConfig {
     }
 }
 
+/// Starts the dead-letter ingester of a worker, `serve` or `run` process
+/// ([`crate::dlq::ingest`]): a consumer of `<ns>.dead` on a pool of its own, until `shutdown`.
+pub fn spawn_ingest(
+    database_url: &SecretUrl,
+    broker: &BrokerConfig,
+    retention: Duration,
+    shutdown: &CancellationToken,
+) -> anyhow::Result<JoinHandle<anyhow::Result<()>>> {
+    let db = Database::connect_lazy(database_url, 2)?;
+    let ingester = crate::dlq::ingest::Ingester::new(
+        broker.amqp_url.clone(),
+        broker.topology(),
+        db,
+        retention,
+    );
+    Ok(tokio::spawn(ingester.run(shutdown.clone())))
+}
+
 /// The first contact with the database: one connection at once (a refusal says where and
 /// why), then the schema against this binary's migrations (none, behind: run `mailroom
 /// migrate`; newer: refused).

@@ -1,23 +1,21 @@
-//! `mailroom dlq list | show | replay | purge`: the dead-letter queue for operators. Thin: parse,
-//! call [`crate::dlq`], print ([`super::dlq_print`]: aligned lines, or `--json` for scripts).
+//! `mailroom dlq list | groups | show | replay | purge | ingest`: the dead letters for operators.
+//! Thin: parse, call [`crate::dlq`], print ([`super::dlq_print`]: aligned lines, or `--json`,
+//! the HTTP API's shapes). The reads (`list`, `groups`, `show`) need only the database: no
+//! broker, nothing declared.
 
-use std::io::IsTerminal;
+mod commands;
+
 use std::path::PathBuf;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use clap::builder::PossibleValue;
 use clap::{ArgGroup, Args, Subcommand, ValueEnum};
 
-use super::dlq_print as print;
 use super::{BrokerArgs, DatabaseArgs};
-use crate::config::SecretUrl;
-use crate::db::Database;
-use crate::dlq::seal::{self, ReplayKey};
-use crate::dlq::{Class, DeadLetters, Detail, Filter, Progress, Report, Selection, parse_since};
-
-/// How often progress is redrawn on a terminal.
-const PROGRESS_EVERY: Duration = Duration::from_millis(100);
+use crate::config::{Delays, UrlList};
+use crate::dlq::seal::ReplayKey;
+use crate::dlq::{Class, Filter, SelectionArgs, States, parse_since};
 
 #[derive(Debug, Args)]
 pub struct DlqArgs {
@@ -27,20 +25,24 @@ pub struct DlqArgs {
 
 #[derive(Debug, Subcommand)]
 pub enum DlqCommand {
-    /// Browse the dead letters without removing or reordering any.
+    /// Browse the dead letters, newest first, a page at a time (reads the table only).
     List(ListArgs),
-    /// One job's dead letters in full: the job, every header, x-death, and its ledger row.
+    /// Failure groups: dead letters with the same class and normalised reason, with counts.
+    Groups(GroupsArgs),
+    /// Dead letters in full: the job, every header, x-death, and the job's ledger row.
     Show(ShowArgs),
-    /// Republish dead letters through the main exchange with confirms, then remove them.
+    /// Republish dead letters through the main exchange with confirms, then mark them replayed.
     Replay(Box<ReplayArgs>),
-    /// Remove dead letters for good.
-    Purge(PurgeArgs),
+    /// Mark dead letters purged, or delete them.
+    Purge(Box<PurgeArgs>),
+    /// Move what is in the dead-letter queue into the table now, then exit (workers, serve and
+    /// run do it all along); also deletes replayed and purged rows past the retention.
+    Ingest(IngestArgs),
 }
 
+/// The filters a listing and a group count take.
 #[derive(Debug, Args)]
-pub struct ListArgs {
-    #[command(flatten)]
-    pub broker: BrokerArgs,
+pub struct FilterArgs {
     /// Only this kind (template).
     #[arg(long)]
     pub kind: Option<String>,
@@ -50,10 +52,48 @@ pub struct ListArgs {
     /// Failed at or after: an RFC 3339 time (2026-11-30T12:00:00Z) or a duration ago (2h, 30m).
     #[arg(long, value_parser = parse_since)]
     pub since: Option<DateTime<Utc>>,
-    /// Only those whose reason or job id contains this text.
+    /// Failed before: an RFC 3339 time or a duration ago.
+    #[arg(long, value_parser = parse_since)]
+    pub until: Option<DateTime<Utc>>,
+    /// Only those whose reason, recipient or job id contains this text (any case; % and _ are
+    /// literal).
+    #[arg(long, alias = "grep")]
+    pub text: Option<String>,
+    /// Which rows: dead (still to deal with), replayed, purged, or all.
+    #[arg(long, default_value = "dead", value_parser = parse_states)]
+    pub state: States,
+}
+
+impl FilterArgs {
+    pub fn filter(&self) -> Filter {
+        Filter {
+            kind: self.kind.clone(),
+            class: self.class,
+            since: self.since,
+            until: self.until,
+            text: self.text.clone(),
+            state: self.state,
+        }
+    }
+}
+
+fn parse_states(s: &str) -> Result<States, String> {
+    s.parse()
+}
+
+#[derive(Debug, Args)]
+pub struct ListArgs {
+    #[command(flatten)]
+    pub db: DatabaseArgs,
+    #[command(flatten)]
+    pub filter: FilterArgs,
+    /// Letters per page (at most 1000).
+    #[arg(long, default_value_t = 50)]
+    pub limit: usize,
+    /// Continue after this cursor (the `next` a previous page printed).
     #[arg(long)]
-    pub grep: Option<String>,
-    /// Count by kind and by reason instead of listing.
+    pub cursor: Option<String>,
+    /// Count by kind and by failure group instead of listing.
     #[arg(long)]
     pub summary: bool,
     /// Print JSON (the HTTP API's `GET /v1/dlq`) instead of aligned columns.
@@ -62,87 +102,156 @@ pub struct ListArgs {
 }
 
 #[derive(Debug, Args)]
-pub struct ShowArgs {
-    #[command(flatten)]
-    pub broker: BrokerArgs,
+pub struct GroupsArgs {
     #[command(flatten)]
     pub db: DatabaseArgs,
-    /// The job id.
-    pub id: String,
-    /// Print email addresses in full (recipients, data, headers, ledger row); by default every
-    /// one is masked, in the text and the JSON alike, as in listings.
-    #[arg(long)]
-    pub reveal: bool,
-    /// Print JSON (the HTTP API's `GET /v1/dlq/{job_id}`) instead of text.
+    #[command(flatten)]
+    pub filter: FilterArgs,
+    /// Print JSON (the HTTP API's `GET /v1/dlq/groups`).
     #[arg(long)]
     pub json: bool,
 }
 
 #[derive(Debug, Args)]
-#[command(group(ArgGroup::new("selection").required(true).args(["ids", "kind", "class", "all"])))]
-pub struct ReplayArgs {
+pub struct ShowArgs {
     #[command(flatten)]
-    pub broker: BrokerArgs,
-    /// Job ids to replay.
-    pub ids: Vec<String>,
-    /// Every dead letter of this kind.
+    pub db: DatabaseArgs,
+    /// A row id (from `list`), or a job id (every dead letter of that job).
+    pub id: String,
+    /// Print email addresses in full (recipients, data, headers, ledger row); by default every
+    /// one is masked, in the text and the JSON alike, as in listings.
+    #[arg(long)]
+    pub reveal: bool,
+    /// Print JSON (the HTTP API's `GET /v1/dlq/{id}`) instead of text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Which dead rows a replay or purge takes: exactly one of these.
+#[derive(Debug, Args)]
+#[command(group(ArgGroup::new("selection").required(true).args(["jobs", "id", "group", "kind", "class", "text", "all"])))]
+pub struct SelectArgs {
+    /// Job ids (every dead row of each).
+    pub jobs: Vec<String>,
+    /// Row ids (from `list`); repeat for several.
+    #[arg(long)]
+    pub id: Vec<i64>,
+    /// Every dead row of this failure group (from `groups`).
+    #[arg(long)]
+    pub group: Option<String>,
+    /// Every dead row of this kind.
     #[arg(long)]
     pub kind: Option<String>,
-    /// Every dead letter of this class (why it died).
+    /// Every dead row of this class (why it died).
     #[arg(long, value_enum)]
     pub class: Option<Class>,
-    /// Every dead letter.
+    /// Every dead row whose reason, recipient or job id contains this text.
+    #[arg(long)]
+    pub text: Option<String>,
+    /// With --kind, --class or --text: only those failed at or after (RFC 3339 or 2h).
+    #[arg(long, value_parser = parse_since)]
+    pub since: Option<DateTime<Utc>>,
+    /// With --kind, --class or --text: only those failed before.
+    #[arg(long, value_parser = parse_since)]
+    pub until: Option<DateTime<Utc>>,
+    /// Every dead row.
     #[arg(long)]
     pub all: bool,
+}
+
+impl SelectArgs {
+    pub fn args(&self) -> SelectionArgs {
+        SelectionArgs {
+            rows: self.id.clone(),
+            jobs: self.jobs.clone(),
+            group: self.group.clone(),
+            filter: Filter {
+                kind: self.kind.clone(),
+                class: self.class,
+                text: self.text.clone(),
+                since: self.since,
+                until: self.until,
+                state: States::Dead,
+            },
+            all: self.all,
+        }
+    }
+}
+
+#[derive(Debug, Args)]
+pub struct ReplayArgs {
+    /// RabbitMQ URL(s), as every command takes them; not needed for --dry-run.
+    #[arg(long, env = "AMQP_URL", hide_env_values = true)]
+    pub amqp_url: Option<UrlList>,
+    /// Prefix of every exchange and queue.
+    #[arg(long, env = "MAILROOM_NAMESPACE", default_value = "mailroom")]
+    pub namespace: String,
+    /// Retry tiers, comma-separated, increasing (declared with the topology).
+    #[arg(long, env = "MAILROOM_RETRY_DELAYS", default_value = "5s,30s,2m,10m,1h", value_parser = crate::config::parse_delays)]
+    pub retry_delays: Delays,
+    /// Key that seals replayed copies (the workers' MAILROOM_REPLAY_KEY); default: the key
+    /// kept in the database.
+    #[arg(long, env = "MAILROOM_REPLAY_KEY", hide_env_values = true)]
+    pub replay_key: Option<ReplayKey>,
+    #[command(flatten)]
+    pub db: DatabaseArgs,
+    #[command(flatten)]
+    pub select: SelectArgs,
     /// Render the selection against today's templates and show what would be sent; publish
-    /// and remove nothing.
+    /// and change nothing (needs no broker).
     #[arg(long)]
     pub dry_run: bool,
     /// Template directory, for --dry-run.
     #[arg(long, env = "MAILROOM_TEMPLATES", default_value = "./templates")]
     pub templates: PathBuf,
-    /// Database: where the workers' replay key is kept (needed to replay unless
-    /// MAILROOM_REPLAY_KEY is set); with --dry-run (optional) it marks the jobs already sent,
-    /// which a replay skips.
-    #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
-    pub database_url: Option<SecretUrl>,
+    /// Who replays, as the rows record it (default: the OS user).
+    #[arg(long)]
+    pub by: Option<String>,
     /// Print the report (or the dry run's previews) as JSON, as the HTTP API answers.
     #[arg(long)]
     pub json: bool,
 }
 
 #[derive(Debug, Args)]
-#[command(group(ArgGroup::new("selection").required(true).args(["ids", "kind", "class", "all"])))]
 pub struct PurgeArgs {
     #[command(flatten)]
-    pub broker: BrokerArgs,
-    /// Job ids to purge.
-    pub ids: Vec<String>,
-    /// Every dead letter of this kind.
-    #[arg(long)]
-    pub kind: Option<String>,
-    /// Every dead letter of this class (why it died).
-    #[arg(long, value_enum)]
-    pub class: Option<Class>,
-    /// Every dead letter.
-    #[arg(long)]
-    pub all: bool,
-    /// Confirms that the selected dead letters are deleted for good.
+    pub db: DatabaseArgs,
+    #[command(flatten)]
+    pub select: SelectArgs,
+    /// Confirms the purge.
     #[arg(long)]
     pub yes: bool,
+    /// Delete the rows instead of marking them purged.
+    #[arg(long)]
+    pub delete: bool,
+    /// Who purges, as the rows record it (default: the OS user).
+    #[arg(long)]
+    pub by: Option<String>,
     /// Print the report as JSON, as the HTTP API answers.
     #[arg(long)]
     pub json: bool,
 }
 
-/// The selection of a replay or purge; clap's argument group already lets exactly one through.
-fn selection(
-    ids: &[String],
-    kind: &Option<String>,
-    class: Option<Class>,
-    all: bool,
-) -> anyhow::Result<Selection> {
-    Ok(Selection::one_of(ids.to_vec(), kind.clone(), class, all)?)
+/// How long replayed and purged dead-letter rows are kept.
+#[derive(Clone, Debug, Args)]
+pub struct RetentionArgs {
+    /// Replayed and purged dead-letter rows older than this are deleted (rows still dead are
+    /// kept).
+    #[arg(long, env = "MAILROOM_DEAD_LETTER_RETENTION", default_value = "30days", value_parser = crate::config::parse_duration)]
+    pub dead_letter_retention: Duration,
+}
+
+#[derive(Debug, Args)]
+pub struct IngestArgs {
+    #[command(flatten)]
+    pub broker: BrokerArgs,
+    #[command(flatten)]
+    pub db: DatabaseArgs,
+    #[command(flatten)]
+    pub retention: RetentionArgs,
+    /// Print what was ingested as JSON.
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// `--class` takes exactly the classes mailroom writes; clap lists them in `--help` and in the
@@ -159,165 +268,14 @@ impl ValueEnum for Class {
 
 impl DlqArgs {
     pub async fn run(&self) -> anyhow::Result<()> {
-        let broker = match &self.command {
-            DlqCommand::List(a) => &a.broker,
-            DlqCommand::Show(a) => &a.broker,
-            DlqCommand::Replay(a) => &a.broker,
-            DlqCommand::Purge(a) => &a.broker,
-        };
-        // A replay without its key fails before it touches the broker.
-        let key = match &self.command {
-            DlqCommand::Replay(a) if !a.dry_run => Some(replay_key(a).await?),
-            _ => None,
-        };
-        let dlq = DeadLetters::connect(&broker.amqp_url, broker.topology(), "mailroom dlq").await?;
-        let result = match (&self.command, key) {
-            (DlqCommand::List(a), _) => list(&dlq, a).await,
-            (DlqCommand::Show(a), _) => show(&dlq, a).await,
-            (DlqCommand::Replay(a), Some(key)) => replay(&dlq, a, &key).await,
-            (DlqCommand::Replay(a), None) => dry_run(&dlq, a).await,
-            (DlqCommand::Purge(a), _) => purge(&dlq, a).await,
-        };
-        dlq.close().await;
-        result
-    }
-}
-
-async fn list(dlq: &DeadLetters, a: &ListArgs) -> anyhow::Result<()> {
-    let filter = Filter {
-        kind: a.kind.clone(),
-        class: a.class,
-        since: a.since,
-        grep: a.grep.clone(),
-    };
-    let entries = dlq.list(&filter).await?;
-    match (a.summary, a.json) {
-        (true, true) => print::json(&crate::dlq::summarize(&entries)),
-        (true, false) => print::summary(&crate::dlq::summarize(&entries)),
-        (false, true) => print::json(&entries),
-        (false, false) => print::entries(&entries, dlq.dead_queue()),
-    }
-}
-
-async fn show(dlq: &DeadLetters, a: &ShowArgs) -> anyhow::Result<()> {
-    let db = Database::connect_lazy(&a.db.database_url, 1)?;
-    let details = dlq.show(&a.id, Some(&db)).await;
-    db.close().await;
-    let mut details = details?;
-    if !a.reveal {
-        details = details.into_iter().map(Detail::masked).collect();
-    }
-    if details.is_empty() {
-        anyhow::bail!(
-            "no dead letter with job id {:?} in {}",
-            a.id,
-            dlq.dead_queue()
-        );
-    }
-    if a.json {
-        print::json(&details)
-    } else {
-        print::details(&details)
-    }
-}
-
-async fn replay(dlq: &DeadLetters, a: &ReplayArgs, key: &ReplayKey) -> anyhow::Result<()> {
-    let sel = selection(&a.ids, &a.kind, a.class, a.all)?;
-    let report = dlq.replay(&sel, key, &mut progress("replaying")).await;
-    finish(dlq, &sel, report, a.json)
-}
-
-/// MAILROOM_REPLAY_KEY, else the key the workers read from the database.
-async fn replay_key(a: &ReplayArgs) -> anyhow::Result<ReplayKey> {
-    if let Some(key) = &a.broker.replay_key {
-        return Ok(key.clone());
-    }
-    let Some(url) = &a.database_url else {
-        anyhow::bail!(
-            "replaying needs DATABASE_URL (where the workers' replay key is kept) or MAILROOM_REPLAY_KEY"
-        );
-    };
-    let db = Database::connect_lazy(url, 1)?;
-    let key = seal::resolve(None, &db).await;
-    db.close().await;
-    key
-}
-
-async fn dry_run(dlq: &DeadLetters, a: &ReplayArgs) -> anyhow::Result<()> {
-    let (_, templates) = crate::startup::load_templates(&a.templates)?;
-    let db = match &a.database_url {
-        Some(url) => Some(Database::connect_lazy(url, 1)?),
-        None => None,
-    };
-    let sel = selection(&a.ids, &a.kind, a.class, a.all)?;
-    let previews = dlq.dry_run(&sel, &templates, db.as_ref()).await;
-    if let Some(db) = db {
-        db.close().await;
-    }
-    let previews = previews?;
-    if a.json {
-        print::json(&previews)
-    } else {
-        print::previews(&previews)
-    }
-}
-
-async fn purge(dlq: &DeadLetters, a: &PurgeArgs) -> anyhow::Result<()> {
-    if !a.yes {
-        anyhow::bail!(
-            "purge deletes dead letters from {} for good; add --yes to confirm",
-            dlq.dead_queue()
-        );
-    }
-    let sel = selection(&a.ids, &a.kind, a.class, a.all)?;
-    let report = dlq.purge(&sel, &mut progress("purging")).await;
-    finish(dlq, &sel, report, a.json)
-}
-
-/// Prints the counts; an early stop, a failed publish or an unknown id exits ≠ 0.
-fn finish(
-    dlq: &DeadLetters,
-    sel: &Selection,
-    report: anyhow::Result<Report>,
-    json: bool,
-) -> anyhow::Result<()> {
-    let report = report?;
-    if json {
-        print::json(&report)?;
-    } else {
-        print::report(&report);
-    }
-    if let Some(why) = &report.interrupted {
-        anyhow::bail!(
-            "stopped early: {why}; the dead letters not reached stay in {}",
-            dlq.dead_queue()
-        );
-    }
-    let failed = report.selected_left();
-    if failed > 0 {
-        anyhow::bail!(
-            "{failed} selected dead letters stay in {}",
-            dlq.dead_queue()
-        );
-    }
-    if report.found_none_of(sel) {
-        anyhow::bail!("no dead letter with those job ids in {}", dlq.dead_queue());
-    }
-    Ok(())
-}
-
-/// Progress on stderr, redrawn in place, only when stderr is a terminal.
-fn progress(what: &'static str) -> impl FnMut(Progress) {
-    let tty = std::io::stderr().is_terminal();
-    let mut last: Option<Instant> = None;
-    move |p: Progress| {
-        let due = last.is_none_or(|t| t.elapsed() >= PROGRESS_EVERY) || p.done == p.total;
-        if tty && due {
-            eprint!("\r{what} {}/{}", p.done, p.total);
-            if p.done == p.total {
-                eprintln!();
-            }
-            last = Some(Instant::now());
+        match &self.command {
+            DlqCommand::List(a) => commands::list(a).await,
+            DlqCommand::Groups(a) => commands::groups(a).await,
+            DlqCommand::Show(a) => commands::show(a).await,
+            DlqCommand::Replay(a) if a.dry_run => commands::dry_run(a).await,
+            DlqCommand::Replay(a) => commands::replay(a).await,
+            DlqCommand::Purge(a) => commands::purge(a).await,
+            DlqCommand::Ingest(a) => commands::ingest(a).await,
         }
     }
 }

@@ -5,7 +5,7 @@ use std::fmt::{self, Write as _};
 
 use serde::Serialize;
 
-use crate::dlq::{Detail, Entry, Preview, Report, Row, Summary};
+use crate::dlq::{Detail, Group, Page, Preview, Report, Row, Summary};
 
 /// Longest reason shown in a listing; `show` has the whole text.
 const MAX_REASON: usize = 160;
@@ -15,24 +15,25 @@ pub(super) fn json(value: &impl Serialize) -> anyhow::Result<()> {
     Ok(())
 }
 
-pub(super) fn entries(entries: &[Entry], queue: &str) -> anyhow::Result<()> {
-    if entries.is_empty() {
-        eprintln!("no dead letters in {queue} match");
+pub(super) fn page(page: &Page) -> anyhow::Result<()> {
+    if page.letters.is_empty() {
+        eprintln!("no dead letters match");
         return Ok(());
     }
     let mut rows = vec![row(&[
-        "#",
+        "ID",
         "JOB ID",
         "KIND",
         "TO",
         "CLASS",
         "ATT",
         "FAILED AT",
+        "STATE",
         "REASON",
     ])];
-    for e in entries {
+    for e in &page.letters {
         rows.push(vec![
-            e.position.to_string(),
+            e.id.to_string(),
             e.job_id.clone(),
             e.kind.clone(),
             e.recipient.clone(),
@@ -40,7 +41,38 @@ pub(super) fn entries(entries: &[Entry], queue: &str) -> anyhow::Result<()> {
             e.attempts.map_or("-".into(), |a| a.to_string()),
             e.failed_at
                 .map_or("-".into(), |t| t.format("%Y-%m-%d %H:%M:%S").to_string()),
+            e.state.clone(),
             one_line(&e.reason, MAX_REASON),
+        ]);
+    }
+    print!("{}", aligned(&rows));
+    if let Some(next) = &page.next {
+        eprintln!("more: --cursor {next}");
+    }
+    Ok(())
+}
+
+pub(super) fn groups(groups: &[Group]) -> anyhow::Result<()> {
+    if groups.is_empty() {
+        eprintln!("no dead letters match");
+        return Ok(());
+    }
+    let mut rows = vec![row(&[
+        "COUNT",
+        "CLASS",
+        "FIRST SEEN",
+        "LAST SEEN",
+        "GROUP",
+        "REASON",
+    ])];
+    for g in groups {
+        rows.push(vec![
+            g.count.to_string(),
+            g.class.clone(),
+            g.first_seen.format("%Y-%m-%d %H:%M:%S").to_string(),
+            g.last_seen.format("%Y-%m-%d %H:%M:%S").to_string(),
+            g.group.clone(),
+            one_line(&g.reason, MAX_REASON),
         ]);
     }
     print!("{}", aligned(&rows));
@@ -97,12 +129,32 @@ fn detail(d: &Detail) -> anyhow::Result<String> {
 /// Who the dead letter was for, and why it died.
 fn entry_lines(out: &mut String, d: &Detail) -> fmt::Result {
     let e = &d.entry;
+    writeln!(out, "id           {}", e.id)?;
     writeln!(out, "job id       {}", e.job_id)?;
     writeln!(out, "kind         {}", e.kind)?;
-    writeln!(out, "position     {} in the queue", e.position)?;
+    writeln!(out, "state        {}", e.state)?;
     writeln!(out, "to           {}", e.recipient)?;
     writeln!(out, "class        {}", e.class)?;
     writeln!(out, "reason       {}", e.reason)?;
+    writeln!(out, "group        {}", e.group)?;
+    if let Some(at) = e.replayed_at {
+        let by = e.replayed_by.as_deref().unwrap_or("?");
+        writeln!(out, "replayed     {} by {by}", at.to_rfc3339())?;
+    }
+    if let Some(result) = &e.replay_result {
+        writeln!(out, "replay       {result}")?;
+    }
+    if let Some(at) = e.purged_at {
+        let by = e.purged_by.as_deref().unwrap_or("?");
+        writeln!(out, "purged       {} by {by}", at.to_rfc3339())?;
+    }
+    if e.truncated {
+        writeln!(
+            out,
+            "body         only the first bytes of {} kept (oversize)",
+            e.body_size
+        )?;
+    }
     writeln!(out, "routing key  {}", d.routing_key)
 }
 
@@ -147,7 +199,7 @@ fn ledger_lines(out: &mut String, row: Option<&Row>) -> fmt::Result {
 }
 
 pub(super) fn previews(previews: &[Preview]) -> anyhow::Result<()> {
-    let mut rows = vec![row(&["JOB ID", "KIND", "TO", "WOULD SEND"])];
+    let mut rows = vec![row(&["ID", "JOB ID", "KIND", "TO", "WOULD SEND"])];
     let (mut send, mut fail, mut sent) = (0, 0, 0);
     for p in previews {
         let outcome = match (&p.error, p.status.as_deref(), &p.subject) {
@@ -165,6 +217,7 @@ pub(super) fn previews(previews: &[Preview]) -> anyhow::Result<()> {
             }
         };
         rows.push(vec![
+            p.id.to_string(),
             p.job_id.clone(),
             p.kind.clone(),
             p.recipients.join(", "),
@@ -181,8 +234,8 @@ pub(super) fn previews(previews: &[Preview]) -> anyhow::Result<()> {
 
 pub(super) fn report(r: &Report) {
     let mut line = format!(
-        "examined {}: moved {}, purged {}",
-        r.examined, r.moved, r.purged
+        "examined {}: moved {}, purged {}, deleted {}",
+        r.examined, r.moved, r.purged, r.deleted
     );
     let skipped: usize = r.skipped.values().sum();
     if skipped > 0 {

@@ -45,6 +45,8 @@ pub struct ServeArgs {
     /// How often the template directory is checked for edits (SIGHUP checks at once).
     #[arg(long, env = "MAILROOM_TEMPLATE_RELOAD_INTERVAL", default_value = "2s", value_parser = config::parse_duration)]
     pub template_reload_interval: Duration,
+    #[command(flatten)]
+    pub dead_letters: super::dlq::RetentionArgs,
 }
 
 impl ServeArgs {
@@ -56,6 +58,7 @@ impl ServeArgs {
             http: self.http.config(),
             templates: self.templates.clone(),
             template_reload_interval: self.template_reload_interval,
+            dead_letter_retention: self.dead_letters.dead_letter_retention,
         }
     }
 

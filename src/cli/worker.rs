@@ -86,6 +86,8 @@ pub struct WorkerArgs {
     pub ledger_retention: Duration,
     #[command(flatten)]
     pub metrics: MetricsOptions,
+    #[command(flatten)]
+    pub dead_letters: super::dlq::RetentionArgs,
 }
 
 impl WorkerArgs {
@@ -111,6 +113,7 @@ impl WorkerArgs {
             shutdown_grace: self.shutdown_grace,
             template_reload_interval: self.template_reload_interval,
             metrics_addr: self.metrics.metrics_addr,
+            dead_letter_retention: self.dead_letters.dead_letter_retention,
         }
     }
 

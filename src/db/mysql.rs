@@ -24,6 +24,7 @@ use super::rows::{
     PendingRow, Record,
 };
 
+pub(super) mod dead_letters;
 mod group;
 pub(super) use group::write_group;
 

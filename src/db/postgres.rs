@@ -30,6 +30,7 @@ WHERE n.status = 'failed'
 }
 
 // After `take_over!`, which its statements use too.
+pub(super) mod dead_letters;
 mod group;
 pub(super) use group::write_group;
 

@@ -5,11 +5,16 @@
 //! - the claim ledger: [`LedgerStatus`] of a row, [`ClaimRequest`] and its answer [`Claim`],
 //!   [`ExistingClaim`], [`Record`], and [`Notification`] (a whole row);
 //! - the outbox: [`PendingRow`] (claimed by a relay) and [`OutboxStatus`];
-//! - group commit: a [`Group`] of [`ClaimItem`]s and [`RecordItem`]s, and its [`GroupResult`].
+//! - group commit: a [`Group`] of [`ClaimItem`]s and [`RecordItem`]s, and its [`GroupResult`];
+//! - dead letters (`dead_letter`): [`NewDeadLetter`], [`DeadLetterRow`], [`GroupRow`] and the
+//!   [`LetterQuery`] every read takes.
 
 use std::time::Duration;
 
 use uuid::Uuid;
+
+mod dead_letter;
+pub use dead_letter::{DeadLetterRow, GroupRow, LetterQuery, NewDeadLetter, like_pattern};
 
 // ---- the claim ledger ----
 

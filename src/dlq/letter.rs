@@ -12,7 +12,7 @@ use lapin::{
 use lettre::message::Mailbox;
 use serde_json::{Value, json};
 
-use super::{Class, Entry};
+use super::Class;
 use crate::broker;
 use crate::job::{MAX_KIND_LEN, mask_email};
 
@@ -34,8 +34,25 @@ const FAILURE_HEADERS: &[&str] = &[
     "x-delivery-count",
 ];
 
-/// Summarises the dead letter at 1-based `position` in the queue.
-pub(super) fn entry(position: usize, d: &Delivery) -> Entry {
+/// What a listing needs of one dead letter, read from its body and headers; the reason and the
+/// recipient in full (they are searched), masked only when shown ([`masked_recipient`]).
+#[derive(Clone, Debug, PartialEq)]
+pub(super) struct Facts {
+    pub job_id: String,
+    pub kind: String,
+    /// The first `to` address as written in the job; `None` when the body has none.
+    pub recipient: Option<String>,
+    /// How many `to` addresses the job has.
+    pub recipients: i32,
+    pub class: String,
+    pub reason: String,
+    pub attempts: Option<i64>,
+    pub failed_at: Option<DateTime<Utc>>,
+    pub replays: i64,
+}
+
+/// Reads the facts of a dead letter.
+pub(super) fn facts(d: &Delivery) -> Facts {
     let props = &d.properties;
     let body: Option<Value> = serde_json::from_slice(&d.data).ok();
     let body_str = |key: &str| {
@@ -59,13 +76,20 @@ pub(super) fn entry(position: usize, d: &Delivery) -> Entry {
         .or_else(|| Some(d.routing_key.to_string()).filter(|k| !k.is_empty()))
         .unwrap_or_else(|| "?".into());
     let (class, reason) = cause(props);
-    Entry {
-        position,
+    let to = body
+        .as_ref()
+        .and_then(|b| b.get("to"))
+        .and_then(Value::as_array);
+    Facts {
         job_id,
         kind,
-        recipient: recipient(body.as_ref()),
+        recipient: to
+            .and_then(|list| list.first())
+            .and_then(Value::as_str)
+            .map(str::to_owned),
+        recipients: to.map_or(0, |l| i32::try_from(l.len()).unwrap_or(i32::MAX)),
         class,
-        reason: crate::job::mask_addresses(&reason),
+        reason,
         attempts: broker::int_header(props, broker::ATTEMPTS_HEADER)
             .or_else(|| broker::int_header(props, "x-delivery-count")),
         failed_at: failed_at(props),
@@ -100,20 +124,17 @@ fn cause(props: &BasicProperties) -> (String, String) {
     (class.to_string(), reason)
 }
 
-/// `a***@example.com`, with `+N` for further recipients; `?` when the body has none.
-fn recipient(body: Option<&Value>) -> String {
-    let Some(list) = body.and_then(|b| b.get("to")).and_then(Value::as_array) else {
-        return "?".into();
-    };
-    let Some(first) = list.first().and_then(Value::as_str) else {
+/// `a***@example.com`, with `+N` for further recipients; `?` when the job has none.
+pub(super) fn masked_recipient(first: Option<&str>, count: i32) -> String {
+    let Some(first) = first else {
         return "?".into();
     };
     let masked = match first.parse::<Mailbox>() {
         Ok(m) => mask_email(m.email.as_ref()),
         Err(_) => "(invalid address)".into(),
     };
-    match list.len() {
-        0 | 1 => masked,
+    match count {
+        ..=1 => masked,
         n => format!("{masked} +{}", n - 1),
     }
 }

@@ -1,95 +1,84 @@
 use super::*;
 
-fn entry(job_id: &str, kind: &str, class: &str, reason: &str, hour: u32) -> Entry {
-    Entry {
-        position: 1,
-        job_id: job_id.into(),
-        kind: kind.into(),
-        recipient: "a***@example.com".into(),
-        class: class.into(),
-        reason: reason.into(),
-        attempts: Some(1),
-        failed_at: Some(
-            DateTime::parse_from_rfc3339(&format!("2026-11-30T{hour:02}:00:00Z"))
-                .unwrap()
-                .with_timezone(&Utc),
-        ),
-        replays: 0,
-    }
+fn args() -> SelectionArgs {
+    SelectionArgs::default()
 }
 
 #[test]
-fn a_filter_matches_only_when_every_field_it_sets_matches() {
-    let e = entry(
-        "order-7",
-        "welcome",
-        "template",
-        "variable \"user\" missing",
-        12,
-    );
-    assert!(Filter::default().matches(&e));
-    let at = |h| Some(entry("", "", "", "", h).failed_at.unwrap());
-    let f = Filter {
+fn a_replay_or_purge_names_exactly_one_selection() {
+    let jobs = || vec!["order-7".to_string()];
+    let kind = || Filter {
         kind: Some("welcome".into()),
-        class: Some(Class::Template),
-        since: at(12),
-        grep: Some("order-".into()),
+        ..Filter::default()
     };
-    assert!(f.matches(&e));
-    assert!(
-        !Filter {
-            since: at(13),
-            ..f.clone()
-        }
-        .matches(&e)
+    assert_eq!(
+        Selection::one_of(SelectionArgs {
+            jobs: jobs(),
+            ..args()
+        }),
+        Ok(Selection::Jobs(jobs()))
     );
-    assert!(
-        !Filter {
-            kind: Some("x".into()),
-            ..f.clone()
-        }
-        .matches(&e)
+    assert_eq!(
+        Selection::one_of(SelectionArgs {
+            rows: vec![3, 4],
+            ..args()
+        }),
+        Ok(Selection::Rows(vec![3, 4]))
     );
-    assert!(
-        Filter {
-            grep: Some("\"user\"".into()),
-            ..f.clone()
-        }
-        .matches(&e)
+    assert_eq!(
+        Selection::one_of(SelectionArgs {
+            filter: kind(),
+            ..args()
+        }),
+        Ok(Selection::Filter(kind()))
     );
-    assert!(
-        !Filter {
-            grep: Some("nope".into()),
-            ..f
-        }
-        .matches(&e)
+    assert_eq!(
+        Selection::one_of(SelectionArgs {
+            group: Some("ab".into()),
+            ..args()
+        }),
+        Ok(Selection::Group("ab".into()))
+    );
+    assert_eq!(
+        Selection::one_of(SelectionArgs {
+            all: true,
+            ..args()
+        }),
+        Ok(Selection::All)
+    );
+    assert_eq!(Selection::one_of(args()), Err(NotOneSelection));
+    assert_eq!(
+        Selection::one_of(SelectionArgs {
+            jobs: jobs(),
+            filter: kind(),
+            ..args()
+        }),
+        Err(NotOneSelection)
+    );
+    assert_eq!(
+        Selection::one_of(SelectionArgs {
+            filter: kind(),
+            all: true,
+            ..args()
+        }),
+        Err(NotOneSelection)
     );
 }
 
 #[test]
-fn a_selection_by_ids_kind_or_class_takes_only_those() {
-    let e = entry("a", "welcome", "rejected", "550", 1);
-    assert!(Selection::Ids(vec!["b".into(), "a".into()]).matches(&e));
-    assert!(!Selection::Ids(vec!["b".into()]).matches(&e));
-    assert!(Selection::Kind("welcome".into()).matches(&e));
-    assert!(!Selection::Class(Class::Template).matches(&e));
-    assert!(Selection::All.matches(&e));
-}
-
-#[test]
-fn a_summary_counts_by_kind_and_by_reason_most_frequent_first() {
-    let entries = [
-        entry("1", "welcome", "rejected", "550", 1),
-        entry("2", "welcome", "template", "missing", 1),
-        entry("3", "order", "template", "missing", 1),
-    ];
-    let s = summarize(&entries);
-    assert_eq!(s.total, 3);
-    assert_eq!(s.by_kind["welcome"], 2);
-    assert_eq!(s.by_kind["order"], 1);
-    assert_eq!(s.by_reason[0].reason, "missing");
-    assert_eq!(s.by_reason[0].count, 2);
-    assert_eq!(s.by_reason[1].class, "rejected");
+fn a_report_counts_as_left_only_the_selected_rows_that_stayed_dead() {
+    let mut report = Report {
+        examined: 4,
+        moved: 3,
+        ..Report::default()
+    };
+    report.skipped.insert("publish failed".into(), 1);
+    assert_eq!(report.selected_left(), 1);
+    assert!(!report.found_none_of(&Selection::Jobs(vec!["order-7".into()])));
+    let nothing = Report::default();
+    assert!(nothing.found_none_of(&Selection::Jobs(vec!["order-7".into()])));
+    assert!(nothing.found_none_of(&Selection::Rows(vec![7])));
+    assert!(!nothing.found_none_of(&Selection::All));
 }
 
 #[test]
@@ -107,60 +96,56 @@ fn since_reads_a_duration_ago_or_an_rfc3339_time() {
 }
 
 #[test]
-fn a_replay_or_purge_names_exactly_one_selection() {
-    let ids = || vec!["order-7".to_string()];
-    let kind = || Some("welcome".to_string());
-    assert_eq!(
-        Selection::one_of(ids(), None, None, false),
-        Ok(Selection::Ids(ids()))
-    );
-    assert_eq!(
-        Selection::one_of(vec![], kind(), None, false),
-        Ok(Selection::Kind("welcome".into()))
-    );
-    assert_eq!(
-        Selection::one_of(vec![], None, Some(Class::Template), false),
-        Ok(Selection::Class(Class::Template))
-    );
-    assert_eq!(
-        Selection::one_of(vec![], None, None, true),
-        Ok(Selection::All)
-    );
-    assert_eq!(
-        Selection::one_of(vec![], None, None, false),
-        Err(NotOneSelection)
-    );
-    assert_eq!(
-        Selection::one_of(ids(), kind(), None, false),
-        Err(NotOneSelection)
-    );
-    assert_eq!(
-        Selection::one_of(vec![], kind(), None, true),
-        Err(NotOneSelection)
-    );
+fn a_state_filter_takes_the_three_states_and_all() {
+    assert_eq!("dead".parse(), Ok(States::Dead));
+    assert_eq!("all".parse::<States>().unwrap().column(), None);
+    assert_eq!("purged".parse::<States>().unwrap().column(), Some("purged"));
+    assert!("gone".parse::<States>().unwrap_err().contains("replayed"));
 }
 
 #[test]
-fn a_report_counts_as_left_only_the_selected_dead_letters_that_stayed() {
-    let mut report = Report {
-        examined: 4,
-        moved: 1,
-        ..Report::default()
-    };
-    report.skipped.insert("not selected".into(), 2);
-    report.skipped.insert("publish failed: closed".into(), 1);
-    assert_eq!(report.selected_left(), 1);
-    assert!(!report.found_none_of(&Selection::Ids(vec!["order-7".into()])));
-    let nothing = Report::default();
-    assert!(nothing.found_none_of(&Selection::Ids(vec!["order-7".into()])));
-    assert!(!nothing.found_none_of(&Selection::All));
+fn a_cursor_is_what_a_page_gave_and_nothing_else() {
+    assert_eq!("42".parse::<Cursor>().unwrap().to_string(), "42");
+    assert!("0".parse::<Cursor>().is_err());
+    assert!("abc".parse::<Cursor>().is_err());
+}
+
+#[test]
+fn a_like_pattern_takes_percent_and_underscore_literally_in_any_case() {
+    use crate::db::dead_letters::like_pattern;
+    assert_eq!(like_pattern("50%_Off!"), "%50!%!_off!!%");
+}
+
+fn entry(job_id: &str) -> Entry {
+    let at = Utc::now();
+    Entry {
+        id: 1,
+        job_id: job_id.into(),
+        kind: "welcome".into(),
+        recipient: "a***@example.com".into(),
+        class: "rejected".into(),
+        reason: "550".into(),
+        group: "00".into(),
+        attempts: Some(1),
+        failed_at: Some(at),
+        replays: 0,
+        ingested_at: at,
+        state: "dead".into(),
+        replayed_at: None,
+        replayed_by: None,
+        replay_result: None,
+        purged_at: None,
+        purged_by: None,
+        body_size: 10,
+        truncated: false,
+    }
 }
 
 #[test]
 fn a_masked_detail_holds_no_full_address_anywhere() {
     let at = Utc::now();
     let detail = Detail {
-        entry: entry("order-7", "welcome", "rejected", "550", 1),
+        entry: entry("order-7"),
         job: serde_json::json!({
             "to": ["Ada Lovelace <ada@example.com>"],
             "cc": ["bob@example.org"],
@@ -171,6 +156,7 @@ fn a_masked_detail_holds_no_full_address_anywhere() {
             .unwrap()
             .clone(),
         deaths: vec![],
+        exchange: "mailroom.dlx".into(),
         routing_key: "welcome".into(),
         notification: Some(Row {
             status: "dead".into(),

@@ -5,7 +5,8 @@ use tokio_util::sync::CancellationToken;
 
 use super::{
     HttpConfig, RelayTuning, WorkerConfig, api_state, bind, build_relay, build_worker,
-    check_broker, check_database, follow_templates, queue_depths, spawn_metrics, stop_metrics,
+    check_broker, check_database, follow_templates, queue_depths, spawn_ingest, spawn_metrics,
+    stop_metrics,
 };
 use crate::http;
 use crate::http::Readiness;
@@ -46,10 +47,12 @@ pub async fn run_all(config: &RunConfig, shutdown: CancellationToken) -> anyhow:
     let state = api_state(&config.http, db, broker, templates, metrics, wake)?;
     let metrics = state.metrics.clone();
     let extra = spawn_metrics(config.worker.metrics_addr, metrics, readiness, &shutdown).await?;
-    let (w, r, h) = tokio::join!(
+    let ingest = spawn_ingest(db, broker, config.worker.dead_letter_retention, &shutdown)?;
+    let (w, r, h, _) = tokio::join!(
         worker.run(shutdown.clone()),
         relay.run(shutdown.clone()),
-        http::serve(listener, state, shutdown.clone())
+        http::serve(listener, state, shutdown.clone()),
+        ingest
     );
     stop_metrics(extra, &shutdown).await?;
     w.and(r).and(h)

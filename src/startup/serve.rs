@@ -11,7 +11,9 @@ use tokio::net::TcpListener;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
-use super::{BrokerConfig, check_broker, check_database, live_templates, queue_depths};
+use super::{
+    BrokerConfig, check_broker, check_database, live_templates, queue_depths, spawn_ingest,
+};
 use crate::config::SecretUrl;
 use crate::db::Database;
 use crate::http::metrics::Metrics;
@@ -46,6 +48,8 @@ pub struct ServeConfig {
     /// render with them; followed live.
     pub templates: Option<PathBuf>,
     pub template_reload_interval: Duration,
+    /// Replayed and purged dead-letter rows older than this are deleted.
+    pub dead_letter_retention: Duration,
 }
 
 /// Serves the API (and follows the templates, when given) until `shutdown`.
@@ -72,7 +76,16 @@ pub async fn run_serve(config: &ServeConfig, shutdown: CancellationToken) -> any
         },
         None,
     )?;
-    http::serve(listener, state, shutdown).await
+    let ingest = spawn_ingest(
+        &config.database_url,
+        &config.broker,
+        config.dead_letter_retention,
+        &shutdown,
+    )?;
+    let served = http::serve(listener, state, shutdown.clone()).await;
+    shutdown.cancel();
+    let _ = ingest.await;
+    served
 }
 
 /// Checks the exposure rule and binds the listener.

@@ -10,7 +10,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::{
     BrokerConfig, check_broker, check_database, follow_templates, load_templates, queue_depths,
-    spawn_metrics, stop_metrics,
+    spawn_ingest, spawn_metrics, stop_metrics,
 };
 use crate::config::{OnUncertain, SecretUrl};
 use crate::db::Database;
@@ -49,6 +49,8 @@ pub struct WorkerConfig {
     pub template_reload_interval: Duration,
     /// A `/metrics` listener of its own.
     pub metrics_addr: Option<SocketAddr>,
+    /// Replayed and purged dead-letter rows older than this are deleted.
+    pub dead_letter_retention: Duration,
 }
 
 /// Runs the worker, the template watcher (and SIGHUP) and the optional metrics listener until
@@ -73,7 +75,15 @@ pub async fn run_worker(config: &WorkerConfig, shutdown: CancellationToken) -> a
         db: worker.database(),
     };
     let server = spawn_metrics(config.metrics_addr, metrics, readiness, &shutdown).await?;
+    let ingest = spawn_ingest(
+        &config.database_url,
+        &config.broker,
+        config.dead_letter_retention,
+        &shutdown,
+    )?;
     let result = worker.run(shutdown.clone()).await;
+    shutdown.cancel();
+    let _ = ingest.await;
     stop_metrics(server, &shutdown).await?;
     result
 }
@@ -85,7 +95,7 @@ pub fn build_worker(config: &WorkerConfig) -> anyhow::Result<Worker> {
         retry_delays: &config.broker.retry_delays.0,
         max_attempts: config.max_attempts,
         lease: config.lease,
-        dead_letter_retention: crate::worker::retention::DEAD_LETTERS_KEPT,
+        dead_letter_retention: config.dead_letter_retention,
     };
     crate::worker::retention::check(config.ledger_retention, &horizon).map_err(Fatal::Config)?;
     // The mailer first: a password that could travel in clear text is the graver refusal.

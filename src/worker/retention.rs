@@ -17,8 +17,6 @@ use tokio_util::sync::CancellationToken;
 use super::Stats;
 use crate::db::Database;
 
-/// How long replayed or purged dead letters are kept: a replay of a dead letter comes no later.
-pub const DEAD_LETTERS_KEPT: Duration = Duration::from_secs(30 * 86_400);
 /// Rows deleted per statement: bounded, so a batch never holds many locks for long.
 pub const BATCH: i64 = 1000;
 /// The longest time between two passes.

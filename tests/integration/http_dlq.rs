@@ -28,6 +28,7 @@ async fn dead_letters_are_listed_and_replayed_over_http_only_with_the_token() {
     // The first attempt is refused for good (550): the job is dead-lettered as `rejected`.
     let app = TestApp::spawn_with(&["--fail", "RCPT:550:1"]).await;
     let worker = app.start_worker(&[]);
+    let ingester = app.start_ingester();
     let api = Api::start(&app).await;
     app.publish(&app.job("d-1")).await;
     app.wait_for_row("d-1", "welcome", "dead", |n| n.status.as_str() == "dead")
@@ -40,14 +41,15 @@ async fn dead_letters_are_listed_and_replayed_over_http_only_with_the_token() {
     let listed = eventually("the dead letter listed", || async {
         let (code, list) = dlq_get(&api, "/v1/dlq", Some(TOKEN)).await;
         assert_eq!(code, 200, "{list}");
-        (list.as_array().unwrap().len() == 1).then_some(list)
+        (list["letters"].as_array().unwrap().len() == 1).then_some(list)
     })
     .await;
+    let listed = &listed["letters"];
     assert_eq!(listed[0]["job_id"], "d-1");
     assert_eq!(listed[0]["class"], "rejected");
     assert_eq!(listed[0]["recipient"], "a***@example.com");
     let (_, none) = dlq_get(&api, "/v1/dlq?class=invalid&since=1h", Some(TOKEN)).await;
-    assert_eq!(none, json!([]));
+    assert_eq!(none, json!({"letters": [], "next": null}));
     let (_, summary) = dlq_get(&api, "/v1/dlq?summary=true", Some(TOKEN)).await;
     assert_eq!(summary["by_kind"]["welcome"], 1);
     let (code, shown) = dlq_get(&api, "/v1/dlq/d-1", Some(TOKEN)).await;
@@ -74,7 +76,10 @@ async fn dead_letters_are_listed_and_replayed_over_http_only_with_the_token() {
     app.smtp.wait_for(1).await;
     assert_eq!(app.smtp.count(&app.message_id("d-1", "welcome")), 1);
     let (_, left) = dlq_get(&api, "/v1/dlq", Some(TOKEN)).await;
-    assert_eq!(left, json!([]));
+    assert_eq!(left, json!({"letters": [], "next": null}));
+    let (_, replayed) = dlq_get(&api, "/v1/dlq?state=replayed", Some(TOKEN)).await;
+    assert_eq!(replayed["letters"][0]["replayed_by"], "api");
+    assert_eq!(replayed["letters"][0]["replay_result"], "published");
     // A body without a JSON content type, as `curl -d` sends it, is read all the same.
     let resp = api
         .client
@@ -88,4 +93,5 @@ async fn dead_letters_are_listed_and_replayed_over_http_only_with_the_token() {
     let report: Value = resp.json().await.unwrap();
     assert_eq!(report["purged"], 0);
     worker.stop().await;
+    ingester.stop().await;
 }

@@ -36,7 +36,7 @@ fn every_class_the_worker_writes_is_a_class_the_filters_take() {
 }
 
 fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
-    let env = ["--amqp-url", "amqp://127.0.0.1:5672/%2f"];
+    let env = ["--database-url", "postgres://127.0.0.1/mailroom"];
     Cli::try_parse_from(["mailroom", "dlq"].iter().chain(args).chain(&env))
 }
 
@@ -48,10 +48,10 @@ fn purge_takes_a_class_as_list_and_replay_do() {
             panic!("not dlq")
         };
         let class = match dlq.command {
-            super::DlqCommand::List(a) => a.class,
-            super::DlqCommand::Replay(a) => a.class,
-            super::DlqCommand::Purge(a) => a.class,
-            super::DlqCommand::Show(_) => None,
+            super::DlqCommand::List(a) => a.filter.class,
+            super::DlqCommand::Replay(a) => a.select.class,
+            super::DlqCommand::Purge(a) => a.select.class,
+            _ => None,
         };
         assert_eq!(class, Some(Class::Template), "{command}");
     }
@@ -71,6 +71,25 @@ fn an_unknown_class_is_a_usage_error_that_lists_the_classes() {
         for class in Class::ALL {
             assert!(text.contains(class.as_str()), "{command}: {text}");
         }
+    }
+}
+
+#[test]
+fn the_reads_take_no_broker_at_all() {
+    for command in [&["list"][..], &["groups"], &["show", "7"]] {
+        let cli = parse(command).unwrap();
+        assert!(matches!(cli.command, Command::Dlq(_)), "{command:?}");
+        let with_broker: Vec<&str> = command
+            .iter()
+            .copied()
+            .chain(["--amqp-url", "amqp://x"])
+            .collect();
+        let err = parse(&with_broker).unwrap_err();
+        assert_eq!(
+            err.kind(),
+            clap::error::ErrorKind::UnknownArgument,
+            "{command:?}"
+        );
     }
 }
 

@@ -7,9 +7,11 @@ use std::time::Duration;
 
 use lapin::{Channel, Connection, options::*};
 use mailroom::broker::{self, Topology};
-use mailroom::config::SecretUrl;
+use mailroom::config::{SecretUrl, UrlList};
+use mailroom::db::dead_letters::LetterQuery;
 use mailroom::db::outbox::{EnqueueError, Enqueued};
 use mailroom::db::{Database, Notification};
+use mailroom::dlq::ingest::Drained;
 use mailroom::job::EmailJob;
 use mailroom_test_kit::services::amqp_url;
 use mailroom_test_kit::smtp::SmtpServer;
@@ -232,31 +234,50 @@ impl TestApp {
             .await
     }
 
-    /// Takes every message from the dead-letter queue (waiting for `n` of them).
+    /// Takes `n` dead letters, oldest first: what the dead-letter queue received, through the
+    /// table (the queue is ingested meanwhile, as a worker process does), each row deleted as
+    /// it is taken so the next call takes the next ones.
     pub async fn dead_letters(&self, n: usize) -> Vec<DeadLetter> {
-        let ch = self.conn.create_channel().await.unwrap();
-        let queue = self.topology.dead.as_str();
-        let mut got = Vec::new();
+        let dead = LetterQuery {
+            state: Some("dead".into()),
+            payload: true,
+            ..LetterQuery::default()
+        };
         let deadline = tokio::time::Instant::now() + PATIENCE;
-        while got.len() < n {
+        loop {
+            self.ingest_dead().await;
+            let mut rows = self.db.dead_letters(&dead).await.unwrap();
+            if rows.len() >= n {
+                rows.reverse();
+                rows.truncate(n);
+                let ids: Vec<i64> = rows.iter().map(|r| r.id).collect();
+                self.db
+                    .purge_dead_letters(&ids, "test", true)
+                    .await
+                    .unwrap();
+                return rows
+                    .into_iter()
+                    .map(|r| DeadLetter {
+                        properties: mailroom::dlq::decode_properties(&r.properties).unwrap(),
+                        body: r.body,
+                    })
+                    .collect();
+            }
             assert!(
                 tokio::time::Instant::now() < deadline,
                 "timed out waiting for {n} dead letters, got {}",
-                got.len()
+                rows.len()
             );
-            match ch
-                .basic_get(queue.into(), BasicGetOptions { no_ack: true })
-                .await
-                .unwrap()
-            {
-                Some(m) => got.push(DeadLetter {
-                    body: m.delivery.data.clone(),
-                    properties: m.delivery.properties.clone(),
-                }),
-                None => tokio::time::sleep(Duration::from_millis(25)).await,
-            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
         }
-        got
+    }
+
+    /// Moves what is in the dead-letter queue into the table now (`mailroom dlq ingest`).
+    pub async fn ingest_dead(&self) -> Drained {
+        let urls: UrlList = self.amqp_url.parse().unwrap();
+        mailroom::dlq::ingest::drain(&urls, &self.topology, &self.db)
+            .await
+            .unwrap()
     }
 
     /// Messages ready in the work queue, by a passive declare (exact, unlike the periodically
@@ -266,8 +287,17 @@ impl TestApp {
         self.queue_length(&self.topology.queue).await
     }
 
-    /// Messages in the dead-letter queue (left there).
+    /// Dead letters still dead: in the dead-letter queue, or ingested and neither replayed
+    /// nor purged.
     pub async fn dead_count(&self) -> u32 {
+        let rows = self
+            .count("SELECT count(*) FROM mailroom_dead_letters WHERE state = 'dead'")
+            .await;
+        self.queue_length(&self.topology.dead).await + u32::try_from(rows).unwrap()
+    }
+
+    /// Messages in the dead-letter queue itself, not yet ingested.
+    pub async fn dead_queue_length(&self) -> u32 {
         self.queue_length(&self.topology.dead).await
     }
 
@@ -283,6 +313,16 @@ impl TestApp {
     }
 
     async fn queue_length(&self, queue: &str) -> u32 {
+        self.queue_counts(queue).await.0
+    }
+
+    /// Consumers of the dead-letter queue (ingesters).
+    pub async fn dead_consumers(&self) -> u32 {
+        self.queue_counts(&self.topology.dead).await.1
+    }
+
+    /// Ready messages and consumers of `queue`.
+    async fn queue_counts(&self, queue: &str) -> (u32, u32) {
         let ch = self.conn.create_channel().await.unwrap();
         let opts = QueueDeclareOptions {
             passive: true,
@@ -292,7 +332,7 @@ impl TestApp {
             .queue_declare(queue.into(), opts, Default::default())
             .await
             .unwrap();
-        q.message_count()
+        (q.message_count(), q.consumer_count())
     }
 }
 

@@ -83,6 +83,18 @@ impl TestApp {
         (running, live)
     }
 
+    /// Starts the dead-letter ingester of a worker process in this process: a consumer of this
+    /// app's `<ns>.dead` that stores each letter in the table.
+    pub fn start_ingester(&self) -> RunningIngester {
+        let ingester = mailroom::dlq::ingest::Ingester::new(
+            self.amqp_url.parse().unwrap(),
+            self.topology.clone(),
+            self.db.clone(),
+            Duration::from_secs(3600),
+        );
+        Running::spawn(Arc::new(()), |stop| tokio::spawn(ingester.run(stop)))
+    }
+
     /// Starts `mailroom worker` as a real process, with `env` added (e.g. failpoints).
     pub fn spawn_worker_process(&self, extra: &[&str], env: &[(&str, &str)]) -> Child {
         let log = std::fs::OpenOptions::new()
@@ -241,6 +253,7 @@ pub struct Running<S> {
 
 pub type RunningWorker = Running<Stats>;
 pub type RunningRelay = Running<mailroom::relay::RelayStats>;
+pub type RunningIngester = Running<()>;
 
 impl<S> Running<S> {
     fn spawn(

@@ -1,0 +1,95 @@
+//! `mailroom_dead_letters`, the table every dead letter is ingested into from `<ns>.dead`
+//! ([`crate::dlq::ingest`]) and every reader browses: each method dispatches to the engine's
+//! statements (`postgres/dead_letters.rs`, `mysql/dead_letters.rs`), which the integration
+//! suite checks on both engines.
+
+use chrono::{DateTime, Utc};
+
+pub use super::rows::{DeadLetterRow, GroupRow, LetterQuery, NewDeadLetter, like_pattern};
+use super::{Database, mysql, postgres};
+
+impl Database {
+    /// Stores an ingested letter, once: a letter stored before (same key) is not stored again.
+    /// Its row id, and whether this call stored it. Any error other than the duplicate key is
+    /// returned (the caller must not ack the letter then).
+    pub async fn insert_dead_letter(&self, letter: &NewDeadLetter) -> sqlx::Result<(i64, bool)> {
+        match self {
+            Database::Postgres(pool) => postgres::dead_letters::insert(pool, letter).await,
+            Database::MySql(pool) => mysql::dead_letters::insert(pool, letter).await,
+        }
+    }
+
+    /// The rows `query` selects, newest first.
+    pub async fn dead_letters(&self, query: &LetterQuery) -> sqlx::Result<Vec<DeadLetterRow>> {
+        match self {
+            Database::Postgres(pool) => postgres::dead_letters::select(pool, query).await,
+            Database::MySql(pool) => mysql::dead_letters::select(pool, query).await,
+        }
+    }
+
+    /// The failure groups among the rows `query` selects (its `before`, `limit`, `ids` apply
+    /// too), largest first.
+    pub async fn dead_letter_groups(&self, query: &LetterQuery) -> sqlx::Result<Vec<GroupRow>> {
+        match self {
+            Database::Postgres(pool) => postgres::dead_letters::groups(pool, query).await,
+            Database::MySql(pool) => mysql::dead_letters::groups(pool, query).await,
+        }
+    }
+
+    /// How many rows `query` selects, by kind.
+    pub async fn dead_letters_by_kind(
+        &self,
+        query: &LetterQuery,
+    ) -> sqlx::Result<Vec<(String, i64)>> {
+        match self {
+            Database::Postgres(pool) => postgres::dead_letters::count_by_kind(pool, query).await,
+            Database::MySql(pool) => mysql::dead_letters::count_by_kind(pool, query).await,
+        }
+    }
+
+    /// After a replay's publish: marks the `dead` row `id` replayed by `by` with `result` when
+    /// `published`, else only notes `result` (it stays dead). Whether the row was still dead.
+    pub async fn mark_dead_letter_replay(
+        &self,
+        id: i64,
+        by: &str,
+        result: &str,
+        published: bool,
+    ) -> sqlx::Result<bool> {
+        match self {
+            Database::Postgres(pool) => {
+                postgres::dead_letters::mark_replay(pool, id, by, result, published).await
+            }
+            Database::MySql(pool) => {
+                mysql::dead_letters::mark_replay(pool, id, by, result, published).await
+            }
+        }
+    }
+
+    /// Marks the `dead` rows among `ids` purged by `by`, or, with `delete`, deletes every row
+    /// of `ids`. How many rows changed.
+    pub async fn purge_dead_letters(
+        &self,
+        ids: &[i64],
+        by: &str,
+        delete: bool,
+    ) -> sqlx::Result<u64> {
+        match self {
+            Database::Postgres(pool) => postgres::dead_letters::purge(pool, ids, by, delete).await,
+            Database::MySql(pool) => mysql::dead_letters::purge(pool, ids, by, delete).await,
+        }
+    }
+
+    /// Deletes at most `batch` replayed or purged rows that left `dead` before `cutoff`; rows
+    /// still `dead` are kept whatever their age. How many were deleted.
+    pub async fn expire_dead_letters(
+        &self,
+        cutoff: DateTime<Utc>,
+        batch: i64,
+    ) -> sqlx::Result<u64> {
+        match self {
+            Database::Postgres(pool) => postgres::dead_letters::expire(pool, cutoff, batch).await,
+            Database::MySql(pool) => mysql::dead_letters::expire(pool, cutoff, batch).await,
+        }
+    }
+}
