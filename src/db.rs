@@ -25,6 +25,7 @@ mod mysql;
 pub mod outbox;
 mod postgres;
 mod refused;
+pub mod revisions;
 mod rows;
 mod secrets;
 
