@@ -135,7 +135,7 @@ pub(super) async fn editor(
     let revisions = history::section(&console, &kind, &locale).await;
     let title = format!("{kind} · {}", url_locale(&locale));
     let content = html! {
-        (editor_form(&kind, &locale, &parts, console.db.is_some()))
+        (editor_form(&kind, &locale, &parts, &session.csrf, console.db.is_some()))
         (revisions)
     };
     layout::page(
@@ -149,14 +149,16 @@ pub(super) async fn editor(
 }
 
 /// The editor: the three parts, the preview's data, Save; the preview beside it, refreshed by
-/// htmx half a second after the last keystroke.
-fn editor_form(kind: &str, locale: &str, parts: &Parts, has_db: bool) -> Markup {
+/// htmx half a second after the last keystroke. Requests are serialised on the form: Save
+/// replaces a preview in flight, and a preview waits for a save in flight (never aborts it).
+fn editor_form(kind: &str, locale: &str, parts: &Parts, csrf: &str, has_db: bool) -> Markup {
     let base = format!("/console/templates/{kind}/{}", url_locale(locale));
     html! {
         div.editor {
             form id="editor" method="post" action=(format!("{base}/save"))
                 hx-post=(format!("{base}/preview")) hx-target="#preview"
-                hx-trigger="load, input delay:500ms, change delay:500ms" hx-sync="this:replace" {
+                hx-trigger="load, input delay:500ms" hx-sync="this:queue last" {
+                input type="hidden" name="csrf" value=(csrf);
                 input type="hidden" id="base" name="base" value=(parts.hash());
                 label for="subject" { "Subject (" code { (files::part_file("subject", locale)) } ")" }
                 textarea.subject id="subject" name="subject" spellcheck="false" { (parts.subject) }

@@ -245,6 +245,59 @@ async fn a_post_without_the_csrf_token_is_refused() {
     );
 }
 
+#[tokio::test]
+async fn without_a_token_the_console_opens_on_loopback_and_still_wants_the_csrf_token() {
+    let app = TestApp::spawn().await;
+    let console = app.start_console_serve_with(None).await;
+    let client = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
+    let login = client
+        .get(format!("{}/console/login", console.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(login.status(), 303, "no login without a token");
+    let editor = format!("{}/console/templates/welcome/default", console.base);
+    let page = client.get(&editor).send().await.unwrap();
+    assert_eq!(page.status(), 200);
+    let set = page.headers()["set-cookie"].to_str().unwrap().to_owned();
+    for attribute in ["HttpOnly", "SameSite=Strict", "Path=/console"] {
+        assert!(set.contains(attribute), "{set}");
+    }
+    assert!(!set.contains("Secure"), "plain HTTP without a proxy: {set}");
+    let cookie = set.split(';').next().unwrap().to_owned();
+    let html = page.text().await.unwrap();
+    let field = |name: &str| {
+        let marker = format!("name=\"{name}\" value=\"");
+        let at = html.find(&marker).unwrap() + marker.len();
+        html[at..].split('"').next().unwrap().to_owned()
+    };
+    let (base, csrf) = (field("base"), field("csrf"));
+    let mut form = vec![
+        ("subject", "Local {{user.name}}"),
+        ("html", "<p>{{user.name}}</p>"),
+        ("base", base.as_str()),
+    ];
+    let post = |body: String| {
+        client
+            .post(format!("{editor}/save"))
+            .header("cookie", &cookie)
+            .header("content-type", FORM)
+            .body(body)
+            .send()
+    };
+    assert_eq!(
+        post(form_body(&form)).await.unwrap().status(),
+        403,
+        "no CSRF token"
+    );
+    form.push(("csrf", csrf.as_str()));
+    assert_eq!(post(form_body(&form)).await.unwrap().status(), 200);
+    assert_eq!(console.file("welcome/subject.hbs"), b"Local {{user.name}}");
+}
+
 /// Every page's resources (`performance` entries) come from the console's own origin, and the
 /// page is no wider than the phone's screen.
 #[tokio::test]
@@ -271,7 +324,7 @@ async fn the_pages_fetch_nothing_from_elsewhere_and_fit_a_phone() {
             .script(
                 "return { width: window.innerWidth, scroll: document.documentElement.scrollWidth,
                           origins: performance.getEntriesByType('resource').map(e => new URL(e.name).origin),
-                          htmx: typeof htmx }",
+                          htmx: typeof htmx, styles: document.querySelectorAll('style').length }",
                 json!([]),
             )
             .await;

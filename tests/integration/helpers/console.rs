@@ -26,6 +26,11 @@ pub struct ConsoleServer {
 impl TestApp {
     /// `mailroom serve --templates <a copy>` with [`CONSOLE_TOKEN`], once it answers.
     pub async fn start_console_serve(&self) -> ConsoleServer {
+        self.start_console_serve_with(Some(CONSOLE_TOKEN)).await
+    }
+
+    /// [`TestApp::start_console_serve`] with this token, or none (loopback only then).
+    pub async fn start_console_serve_with(&self, token: Option<&str>) -> ConsoleServer {
         let templates = editable_templates();
         let port = free_port();
         let args = [
@@ -42,9 +47,9 @@ impl TestApp {
             templates.path().to_str().unwrap(),
             "--http-addr",
             &format!("127.0.0.1:{port}"),
-            "--api-token",
-            CONSOLE_TOKEN,
         ];
+        let mut args = args.to_vec();
+        args.extend(token.map(|t| ["--api-token", t]).into_iter().flatten());
         let process = spawn(&args);
         ConsoleServer::ready(port, templates, process).await
     }
