@@ -16,12 +16,34 @@ use tokio::process::{Child, Command};
 /// The W3C key of an element reference.
 const ELEMENT: &str = "element-6066-11e4-a52e-4f735466cecf";
 
-/// One browser session of one chromedriver.
+/// One browser session of one chromedriver; dropping it quits Chromium, then the driver.
 pub struct Browser {
     client: reqwest::Client,
     session: String,
+    port: u16,
     _driver: Child,
     _profile: tempfile::TempDir,
+}
+
+impl Drop for Browser {
+    /// `DELETE /session/{id}` over a plain socket (Drop cannot await): chromedriver quits
+    /// Chromium before it answers. Killing the driver alone would orphan the browser.
+    fn drop(&mut self) {
+        use std::io::{Read, Write};
+        let path = self
+            .session
+            .split_once(&format!(":{}", self.port))
+            .map_or("", |(_, p)| p);
+        let Ok(mut socket) = std::net::TcpStream::connect(("127.0.0.1", self.port)) else {
+            return;
+        };
+        let _ = socket.set_read_timeout(Some(std::time::Duration::from_secs(20)));
+        let request =
+            format!("DELETE {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n");
+        if socket.write_all(request.as_bytes()).is_ok() {
+            let _ = socket.read_to_end(&mut Vec::new());
+        }
+    }
 }
 
 /// The screen a browser emulates.
@@ -82,6 +104,7 @@ impl Browser {
         Browser {
             client,
             session: format!("{base}/session/{session}"),
+            port,
             _driver: driver,
             _profile: profile,
         }
