@@ -118,14 +118,31 @@ pub(super) async fn save(
         Ok(Err(e)) => (StatusCode::INTERNAL_SERVER_ERROR, refusal(&e.to_string())),
         Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, refusal(&e.to_string())),
     };
+    respond(
+        &console,
+        &session,
+        &headers,
+        (&kind, &locale),
+        (status, markup),
+    )
+}
+
+/// The answer: the fragment for htmx (always 2xx, which htmx swaps), else a whole page.
+fn respond(
+    console: &Console,
+    session: &Session,
+    headers: &HeaderMap,
+    (kind, locale): (&str, &str),
+    (status, markup): (StatusCode, Markup),
+) -> Response {
     if headers.contains_key("hx-request") {
         // htmx swaps only 2xx answers by default; the refusal is the content to show.
         return ([("hx-reswap", "innerHTML")], (StatusCode::OK, markup)).into_response();
     }
-    let back = format!("/console/templates/{kind}/{}", url_locale(&locale));
+    let back = format!("/console/templates/{kind}/{}", url_locale(locale));
     let content = html! { (markup) p { a href=(back) { "Back to the editor" } } };
     let page = layout::page(
-        &session,
+        session,
         console.designer,
         Section::Templates,
         "Save",

@@ -16,6 +16,22 @@ use tokio::process::{Child, Command};
 /// The W3C key of an element reference.
 const ELEMENT: &str = "element-6066-11e4-a52e-4f735466cecf";
 
+/// What to ask chromedriver for: headless Chromium at `binary` with the profile `profile`.
+fn capabilities(screen: Screen, binary: &str, profile: &std::path::Path) -> Value {
+    let mut options = json!({
+        "binary": binary,
+        "args": ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                 "--no-first-run", "--window-size=1280,900",
+                 format!("--user-data-dir={}", profile.display())],
+    });
+    if let Screen::Phone = screen {
+        options["mobileEmulation"] =
+            json!({ "deviceMetrics": { "width": 390, "height": 844, "pixelRatio": 3.0 } });
+    }
+    json!({ "capabilities": { "alwaysMatch": {
+        "browserName": "chrome", "goog:chromeOptions": options } } })
+}
+
 /// One browser session of one chromedriver; dropping it quits Chromium, then the driver.
 pub struct Browser {
     client: reqwest::Client,
@@ -77,18 +93,7 @@ impl Browser {
         })
         .await;
         let profile = tempfile::tempdir().unwrap();
-        let mut options = json!({
-            "binary": chromium,
-            "args": ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                     "--no-first-run", "--window-size=1280,900",
-                     format!("--user-data-dir={}", profile.path().display())],
-        });
-        if let Screen::Phone = screen {
-            options["mobileEmulation"] =
-                json!({ "deviceMetrics": { "width": 390, "height": 844, "pixelRatio": 3.0 } });
-        }
-        let caps = json!({ "capabilities": { "alwaysMatch": {
-            "browserName": "chrome", "goog:chromeOptions": options } } });
+        let caps = capabilities(screen, &chromium, profile.path());
         let created: Value = client
             .post(format!("{base}/session"))
             .json(&caps)

@@ -140,6 +140,11 @@ impl ConsoleServer {
         }
     }
 
+    /// Opens `path` (e.g. `/console/templates`) of this console in `browser`.
+    pub async fn open(&self, browser: &Browser, path: &str) {
+        browser.goto(&format!("{}{path}", self.base)).await;
+    }
+
     /// The bytes of a template file, e.g. `welcome/subject.hbs`.
     pub fn file(&self, name: &str) -> Vec<u8> {
         std::fs::read(self.templates.path().join(name)).unwrap()
