@@ -195,3 +195,21 @@ async fn the_designer_preview_follows_the_files_as_they_are_saved() {
         .wait_for_text("#errors", "welcome/subject.hbs")
         .await;
 }
+
+#[tokio::test]
+async fn the_designer_preview_refuses_to_listen_beyond_loopback() {
+    let templates = shipped();
+    let args = [
+        "templates",
+        "preview",
+        "welcome",
+        "--templates",
+        templates.to_str().unwrap(),
+        "--serve",
+        "--addr",
+        "0.0.0.0:0",
+    ];
+    let out = run_cli(&args, &[]).await;
+    assert!(!out.status.success());
+    assert!(out.stderr.contains("127.0.0.1"), "{}", out.stderr);
+}
