@@ -137,7 +137,7 @@ impl Cli {
             Command::Enqueue(args) => args.run().await,
             Command::Status(args) => args.run().await,
             Command::Dlq(args) => args.run().await,
-            Command::Templates(args) => args.run(),
+            Command::Templates(args) => args.run().await,
         }
     }
 }

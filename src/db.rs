@@ -31,6 +31,7 @@ mod mysql;
 pub mod outbox;
 mod postgres;
 mod refused;
+pub mod revisions;
 mod rows;
 mod secrets;
 

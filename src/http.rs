@@ -102,7 +102,12 @@ pub fn router(state: Arc<ApiState>) -> Router {
         .route("/metrics", get(metrics))
         .route("/readyz", get(ready::ready))
         .merge(api)
-        .with_state(state)
+        .with_state(state.clone())
+        .merge(crate::console::router(crate::console::Console::new(
+            Some(state.db.clone()),
+            state.templates.clone(),
+            state.token.as_deref(),
+        )))
         .layer(middleware::from_fn(access_log))
 }
 

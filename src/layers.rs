@@ -14,7 +14,7 @@ const LAYERS: &[(&str, &[&str])] = &[
     ("core", &["config", "job", "door", "render"]),
     ("adapters", &["db", "broker", "smtp"]),
     ("loops", &["relay", "worker", "dlq", "status"]),
-    ("faces", &["http"]),
+    ("faces", &["http", "console"]),
     ("wiring", &["startup"]),
     ("command line", &["cli"]),
 ];

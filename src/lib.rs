@@ -12,6 +12,7 @@
 //! - [`smtp`]: MIME building, the deterministic Message-ID, sending and error classes;
 //! - [`dlq`]: the dead-letter queue: list, show, replay, purge;
 //! - [`http`], [`status`]: the HTTP API and `/metrics`, a job's state;
+//! - [`console`]: the operators' web console under `/console` (templates editor and preview);
 //! - [`startup`]: each process (worker, relay, HTTP API, all three) built from its settings;
 //! - [`config`], [`cli`], [`telemetry`], [`shutdown`], [`exit`]: the process around them;
 //! - [`failpoint`]: crash points for the fault tests.
@@ -19,6 +20,7 @@
 pub mod broker;
 pub mod cli;
 pub mod config;
+pub mod console;
 pub mod db;
 pub mod dlq;
 pub mod door;

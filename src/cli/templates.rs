@@ -1,9 +1,11 @@
 //! `mailroom templates check | preview`: what CI and a template author run before a deploy.
 //! `check` is [`Templates::check`], which compiles every file and renders every template with
 //! its kind's `sample.json` in strict mode, and reports every error, one `path:line:column:
-//! message` line each; `preview` renders one kind as the worker would.
+//! message` line each; `preview` renders one kind as the worker would, or with `--serve`
+//! opens the console's preview page on loopback, re-rendered whenever a file is saved.
 
 use std::collections::BTreeSet;
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
 use anyhow::Context;
@@ -84,15 +86,41 @@ pub struct PreviewArgs {
     /// Right-hand side of the Message-ID (default: the domain of --from).
     #[arg(long, env = "MAILROOM_MESSAGE_ID_DOMAIN")]
     pub message_id_domain: Option<String>,
+    /// Serve a page instead of printing: the kind rendered with its sample.json, again within
+    /// a second of each save of a file in the directory (edit in your own editor).
+    #[arg(long)]
+    pub serve: bool,
+    /// Where --serve listens; loopback only (the page has no login).
+    #[arg(long, default_value = "127.0.0.1:8025", requires = "serve")]
+    pub addr: SocketAddr,
 }
 
 impl TemplatesArgs {
-    pub fn run(&self) -> anyhow::Result<()> {
+    pub async fn run(&self) -> anyhow::Result<()> {
         match &self.command {
             TemplatesCommand::Check(a) => check(a),
+            TemplatesCommand::Preview(a) if a.serve => serve_preview(a).await,
             TemplatesCommand::Preview(a) => preview(a),
         }
     }
+}
+
+/// `preview --serve`: the console's page that follows the files, until SIGINT/SIGTERM.
+async fn serve_preview(a: &PreviewArgs) -> anyhow::Result<()> {
+    let dir = std::path::absolute(&a.templates)
+        .with_context(|| format!("template directory {}", a.templates.display()))?;
+    known_kind(&a.kind, &kind_folders(&dir))?;
+    let listener = tokio::net::TcpListener::bind(a.addr)
+        .await
+        .with_context(|| format!("listening on {}", a.addr))?;
+    let locale = a.locale.as_deref().unwrap_or("default");
+    let addr = listener.local_addr()?;
+    println!(
+        "previewing {}: http://{addr}/console/templates/{}/{locale}/live",
+        a.kind, a.kind
+    );
+    let shutdown = crate::shutdown::on_signals()?;
+    crate::console::serve_designer(listener, dir, shutdown).await
 }
 
 fn check(a: &CheckArgs) -> anyhow::Result<()> {

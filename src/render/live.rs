@@ -60,6 +60,11 @@ impl LiveTemplates {
         }
     }
 
+    /// The directory this set follows (`None` for a fixed set).
+    pub fn dir(&self) -> Option<&Path> {
+        self.dir.as_deref()
+    }
+
     /// The set to render one delivery with.
     pub fn current(&self) -> Arc<Templates> {
         // A poisoned lock only means a panic elsewhere while swapping an Arc: the value is whole.

@@ -9,6 +9,7 @@
 mod helpers;
 
 mod binlog;
+mod console;
 mod crash;
 mod data_syntax;
 mod database_refused;
