@@ -21,6 +21,7 @@ mod failures;
 mod first_contact;
 mod hostile;
 mod http;
+mod http_conventions;
 mod http_dlq;
 mod image;
 mod ledger;
