@@ -20,6 +20,7 @@
 
 mod connect;
 pub mod group;
+pub mod jobs;
 pub mod ledger;
 mod mysql;
 pub mod outbox;

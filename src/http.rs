@@ -8,6 +8,8 @@
 //!   The body limit is the job limit (413 beyond).
 //! - `GET /v1/emails/{job_id}/{kind}`: the job's state (see [`crate::status`]).
 //! - `/v1/dlq…`: the dead-letter queue ([`dlq`]): list, show, replay, purge.
+//! - `GET /v1/jobs?…` and `GET /v1/jobs/{job_id}/{kind}/timeline`: every job findable, with
+//!   its timeline ([`jobs`]).
 //! - `GET /metrics`: Prometheus text ([`metrics`]).
 //! - `GET /healthz` (the process runs) and `GET /readyz` (database and broker reachable, on a
 //!   kept connection; error details only with the token: [`ready`]).
@@ -25,6 +27,7 @@
 pub mod conventions;
 mod dlq;
 mod enqueue;
+mod jobs;
 pub mod metrics;
 mod problem;
 pub mod ready;
@@ -91,6 +94,8 @@ pub fn router(state: Arc<ApiState>) -> Router {
                 .layer(middleware::from_fn(conventions::json_body)),
         )
         .route("/v1/emails/{job_id}/{kind}", get(status))
+        .route("/v1/jobs", get(jobs::search))
+        .route("/v1/jobs/{job_id}/{kind}/timeline", get(jobs::timeline))
         .route("/v1/dlq", get(dlq::list))
         .route(
             "/v1/dlq/replay",

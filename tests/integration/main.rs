@@ -24,6 +24,7 @@ mod http;
 mod http_conventions;
 mod http_dlq;
 mod image;
+mod jobs;
 mod ledger;
 mod lifecycle;
 mod live_templates;
