@@ -160,3 +160,74 @@ fn attempt_of(entry: &Value) -> Event {
         error: text("error"),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn status(state: &str, attempts: i32) -> JobStatus {
+        let at = |s: &str| Some(format!("2026-12-01T10:00:{s}Z").parse().unwrap());
+        JobStatus {
+            job_id: "j-1".into(),
+            kind: "welcome".into(),
+            state: state.into(),
+            attempts,
+            publish_attempts: 1,
+            message_id: None,
+            smtp_reply: Some("250 ok".into()),
+            last_error: Some("550 no such user".into()),
+            created_at: at("00"),
+            published_at: at("01"),
+            updated_at: at("09"),
+            sent_at: at("09"),
+            template_revision: None,
+        }
+    }
+
+    fn ended(attempt: i64, outcome: &str) -> Value {
+        json!({"event": "attempt", "attempt": attempt, "status": outcome, "class": "rejected",
+               "at": "2026-12-01T10:00:05+00:00", "claimed_at": "2026-12-01T10:00:04.5+00:00"})
+    }
+
+    fn names(events: &[Event]) -> Vec<&str> {
+        events.iter().map(|e| e.event.as_str()).collect()
+    }
+
+    #[test]
+    fn a_sent_job_after_a_dead_attempt_shows_the_replay_before_its_last_attempt() {
+        let events = events(&status("sent", 2), None, &[ended(1, "dead")]);
+        assert_eq!(
+            names(&events),
+            [
+                "created",
+                "published",
+                "attempt",
+                "replayed",
+                "attempt",
+                "sent"
+            ]
+        );
+        assert_eq!(events[2].claimed_at.unwrap().timestamp_subsec_millis(), 500);
+        assert_eq!(events[4].attempt, Some(2));
+        assert_eq!(events[4].smtp_reply.as_deref(), Some("250 ok"));
+    }
+
+    #[test]
+    fn a_dead_job_ends_dead_with_the_class_of_its_last_attempt() {
+        let events = events(&status("dead", 1), None, &[ended(1, "dead")]);
+        assert_eq!(names(&events), ["created", "published", "attempt", "dead"]);
+        let dead = events.last().unwrap();
+        assert_eq!(dead.class.as_deref(), Some("rejected"));
+        assert_eq!(dead.error.as_deref(), Some("550 no such user"));
+    }
+
+    #[test]
+    fn a_job_under_way_shows_its_claim_and_a_queued_one_only_its_creation() {
+        let events = events(&status("sending", 1), None, &[]);
+        assert_eq!(names(&events), ["created", "published", "claimed"]);
+        let mut queued = status("queued", 0);
+        queued.published_at = None;
+        assert_eq!(names(&super::events(&queued, None, &[])), ["created"]);
+    }
+}

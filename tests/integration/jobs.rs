@@ -265,3 +265,25 @@ async fn the_http_api_pages_jobs_shows_a_timeline_and_refuses_a_bad_filter_namin
     let resp = get("/v1/jobs/nope/welcome/timeline".into()).await.unwrap();
     assert_eq!(resp.status().as_u16(), 404);
 }
+
+#[tokio::test]
+async fn the_cli_searches_and_shows_a_job_in_text_and_json() {
+    let app = TestApp::spawn().await;
+    app.enqueue(&app.email_job("cli-job-1")).await.unwrap();
+    let text = app.cli(&["jobs", "search", "--job-id", "cli-job-*"]).await;
+    assert!(
+        text.contains("cli-job-1") && text.contains("pending"),
+        "{text}"
+    );
+    let json: Value = serde_json::from_str(
+        &app.cli(&["jobs", "search", "--state", "pending", "--json"])
+            .await,
+    )
+    .unwrap();
+    assert_eq!(json["jobs"][0]["job_id"], "cli-job-1", "{json}");
+    let shown = app.cli(&["jobs", "show", "cli-job-1", "welcome"]).await;
+    assert!(shown.contains("created"), "{shown}");
+    let refused = app.cli_output(&["jobs", "search", "--state", "lost"]).await;
+    assert!(!refused.status.success());
+    assert!(refused.stderr.contains("`state`"), "{}", refused.stderr);
+}
