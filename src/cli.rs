@@ -3,7 +3,7 @@
 //!
 //! The CLI only parses: a process's arguments become its [`crate::startup`] settings, which
 //! build and run it. One file per subcommand (`worker`, `relay`, `serve`, `run`, `publish`,
-//! `enqueue`, `status`, `dlq`, `templates`); here, the arguments several share.
+//! `enqueue`, `status`, `jobs`, `dlq`, `templates`); here, the arguments several share.
 
 use clap::{Args, Parser, Subcommand};
 
@@ -11,6 +11,7 @@ mod dlq;
 mod dlq_print;
 mod enqueue;
 mod job;
+mod jobs;
 mod publish;
 mod relay;
 mod run;
@@ -62,6 +63,8 @@ pub enum Command {
     Enqueue(enqueue::EnqueueArgs),
     /// Show what became of a job: queued, published, sending, sent, failed, uncertain, dead.
     Status(status::StatusArgs),
+    /// Find jobs by id, recipient, kind, state and time; show one job's timeline.
+    Jobs(jobs::JobsArgs),
     /// The dead-letter queue: list, show, replay or purge dead letters without losing any.
     Dlq(dlq::DlqArgs),
     /// Check every template against its sample data, or preview one.
@@ -136,6 +139,7 @@ impl Cli {
             Command::Serve(args) => args.run().await,
             Command::Enqueue(args) => args.run().await,
             Command::Status(args) => args.run().await,
+            Command::Jobs(args) => args.run().await,
             Command::Dlq(args) => args.run().await,
             Command::Templates(args) => args.run().await,
         }

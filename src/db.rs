@@ -25,6 +25,7 @@ mod connect;
 pub mod dead_letters;
 pub mod fleet;
 pub mod group;
+pub mod jobs;
 pub mod ledger;
 mod ledger_retention;
 mod mysql;

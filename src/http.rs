@@ -10,6 +10,8 @@
 //! - `/v1/dlq…`: the dead letters ([`dlq`]): list, groups, show, replay, purge.
 //! - `GET /v1/overview`: the pipeline at a glance ([`overview`]): the last hour per minute, the
 //!   workers, queue depths, the outbox.
+//! - `GET /v1/jobs?…` and `GET /v1/jobs/{job_id}/{kind}/timeline`: every job findable, with
+//!   its timeline ([`jobs`]).
 //! - `GET /metrics`: Prometheus text ([`metrics`]).
 //! - `GET /healthz` (the process runs) and `GET /readyz` (database and broker reachable, on a
 //!   kept connection; error details only with the token: [`ready`]).
@@ -17,16 +19,20 @@
 //! `worker` and `relay --metrics-addr` serve [`metrics_router`]: `/metrics`, `/healthz`, and
 //! `/readyz` from the process's own broker session and database ([`Readiness`]).
 //!
-//! Every request is logged once ([`access_log`], target `mailroom::http::access`).
+//! Every request gets an id, is logged once, and every error is an RFC 9457 problem
+//! ([`conventions`], [`problem`]).
 //!
 //! `/v1` requires `Authorization: Bearer <MAILROOM_API_TOKEN>`. Without a token the server
 //! refuses to listen on anything but a loopback address. `/metrics`, like the health checks,
 //! needs no token: it holds counts, template names and a revision, no job data.
 
+pub mod conventions;
 mod dlq;
 mod enqueue;
+mod jobs;
 pub mod metrics;
 pub mod overview;
+mod problem;
 pub mod ready;
 
 use std::net::SocketAddr;
@@ -34,13 +40,12 @@ use std::sync::Arc;
 
 use axum::{
     Json, Router,
-    extract::{DefaultBodyLimit, MatchedPath, Path, Request, State},
+    extract::{DefaultBodyLimit, Path, Request, State},
     http::{HeaderMap, StatusCode, header},
     middleware::{self, Next},
     response::{IntoResponse, Response},
     routing::{get, post},
 };
-use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
 use crate::broker::Topology;
@@ -87,17 +92,27 @@ pub fn router(state: Arc<ApiState>) -> Router {
     let api = Router::new()
         .route(
             "/v1/emails",
-            post(enqueue::enqueue).layer(DefaultBodyLimit::max(MAX_JOB_BYTES)),
+            post(enqueue::enqueue)
+                .layer(DefaultBodyLimit::max(MAX_JOB_BYTES))
+                .layer(middleware::from_fn(conventions::json_body)),
         )
         .route("/v1/emails/{job_id}/{kind}", get(status))
         .route("/v1/overview", get(overview::get))
+        .route("/v1/jobs", get(jobs::search))
+        .route("/v1/jobs/{job_id}/{kind}/timeline", get(jobs::timeline))
         .route("/v1/dlq", get(dlq::list))
-        .route("/v1/dlq/replay", post(dlq::replay))
-        .route("/v1/dlq/purge", post(dlq::purge))
+        .route(
+            "/v1/dlq/replay",
+            post(dlq::replay).layer(middleware::from_fn(conventions::json_body)),
+        )
+        .route(
+            "/v1/dlq/purge",
+            post(dlq::purge).layer(middleware::from_fn(conventions::json_body)),
+        )
         .route("/v1/dlq/groups", get(dlq::groups))
         .route("/v1/dlq/{job_id}", get(dlq::show))
         .route_layer(middleware::from_fn_with_state(state.clone(), require_token));
-    Router::new()
+    let all = Router::new()
         .route("/healthz", get(|| async { "ok" }))
         .route("/metrics", get(metrics))
         .route("/readyz", get(ready::ready))
@@ -107,14 +122,14 @@ pub fn router(state: Arc<ApiState>) -> Router {
             Some(state.db.clone()),
             state.templates.clone(),
             state.token.as_deref(),
-        )))
-        .layer(middleware::from_fn(access_log))
+        )));
+    conventions::apply(all)
 }
 
 /// A router with `/metrics`, `/healthz` and `/readyz` (from `readiness`), for `worker` and
 /// `relay --metrics-addr`.
 pub fn metrics_router(metrics: Metrics, readiness: Readiness) -> Router {
-    Router::new()
+    let all = Router::new()
         .route("/healthz", get(|| async { "ok" }))
         .route(
             "/metrics",
@@ -124,8 +139,8 @@ pub fn metrics_router(metrics: Metrics, readiness: Readiness) -> Router {
             "/readyz",
             get(|State(s): State<Arc<(Metrics, Readiness)>>| async move { s.1.respond().await }),
         )
-        .with_state(Arc::new((metrics, readiness)))
-        .layer(middleware::from_fn(access_log))
+        .with_state(Arc::new((metrics, readiness)));
+    conventions::apply(all)
 }
 
 /// Serves [`metrics_router`] on `listener` until `shutdown` is cancelled.
@@ -170,53 +185,44 @@ pub async fn serve(
     Ok(())
 }
 
-/// The target of the access log, so that it can be filtered on its own
-/// (`RUST_LOG=info,mailroom::http::access=warn`).
-const ACCESS: &str = "mailroom::http::access";
-
-/// One line per request: method, the route it matched (`/v1/emails/{job_id}/{kind}`: never the
-/// path's values, a query string or a body, which may hold addresses or tokens), status and
-/// duration. The API's requests at INFO (WARN for a 5xx); `/metrics` and the probes, scraped
-/// every few seconds, at DEBUG.
-async fn access_log(request: Request, next: Next) -> Response {
-    let started = std::time::Instant::now();
-    let method = request.method().clone();
-    let route = request
-        .extensions()
-        .get::<MatchedPath>()
-        .map_or("(no route)", |p| p.as_str())
-        .to_owned();
-    let response = next.run(request).await;
-    let status = response.status().as_u16();
-    let duration_ms = (started.elapsed().as_secs_f64() * 1e6).round() / 1e3;
-    let probe = matches!(route.as_str(), "/metrics" | "/healthz" | "/readyz");
-    macro_rules! access {
-        ($level:ident) => {
-            tracing::$level!(target: ACCESS, method = %method, path = %route, status, duration_ms, "request")
-        };
-    }
-    match (probe, status >= 500) {
-        (true, _) => access!(debug),
-        (false, true) => access!(warn),
-        (false, false) => access!(info),
-    }
-    response
-}
-
 async fn require_token(
     State(state): State<Arc<ApiState>>,
     headers: HeaderMap,
     request: Request,
     next: Next,
 ) -> Response {
-    if !authorized(&state, &headers) {
-        return error(
-            StatusCode::UNAUTHORIZED,
-            None,
-            "missing or wrong bearer token",
-        );
+    if authorized(&state, &headers) {
+        return next.run(request).await;
     }
-    next.run(request).await
+    // RFC 6750: `invalid_token` only when a bearer token was given.
+    let given = bearer(&headers).is_some();
+    let (challenge, detail) = if given {
+        (
+            r#"Bearer realm="mailroom", error="invalid_token""#,
+            "the bearer token is wrong",
+        )
+    } else {
+        (
+            r#"Bearer realm="mailroom""#,
+            "an Authorization: Bearer <MAILROOM_API_TOKEN> header is required",
+        )
+    };
+    let mut response = problem::Problem::of_status(StatusCode::UNAUTHORIZED, detail)
+        .at_header("Authorization")
+        .into_response();
+    response.headers_mut().insert(
+        header::WWW_AUTHENTICATE,
+        header::HeaderValue::from_static(challenge),
+    );
+    response
+}
+
+/// The bearer token of the `Authorization` header, if it carries one.
+fn bearer(headers: &HeaderMap) -> Option<&str> {
+    headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
 }
 
 /// Whether the request carries the API's bearer token (always, when the API has none: it then
@@ -225,19 +231,23 @@ fn authorized(state: &ApiState, headers: &HeaderMap) -> bool {
     let Some(token) = &state.token else {
         return true;
     };
-    let given = headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "));
-    given.is_some_and(|g| constant_time_eq(g.as_bytes(), token.as_bytes()))
+    bearer(headers).is_some_and(|g| constant_time_eq(g.as_bytes(), token.as_bytes()))
 }
 
 fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
+/// A problem of this status about `field` (a body member or query parameter) if named, with
+/// `message` as its detail ([`problem`]).
 fn error(status: StatusCode, field: Option<&str>, message: &str) -> Response {
-    (status, Json(json!({ "error": message, "field": field }))).into_response()
+    let mut problem = problem::Problem::of_status(status, message);
+    problem.legacy = true;
+    match field {
+        Some(field) => problem.at(field),
+        None => problem,
+    }
+    .into_response()
 }
 
 async fn status(

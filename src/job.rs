@@ -273,6 +273,24 @@ pub fn clip(text: &str, max: usize) -> String {
     format!("{}…", &text[..end])
 }
 
+/// The longest normalised address the ledger keeps for the recipient search (MariaDB's column
+/// is `VARBINARY(1000)`); a longer one is not kept, and its job is found by other filters.
+pub const MAX_RECIPIENT_BYTES: usize = 1000;
+
+/// An address as the recipient search compares it: the domain in lower case (domains are
+/// case-insensitive), the local part exactly as given (RFC 5321: it may be case-sensitive).
+pub fn normalised_address(address: &str) -> String {
+    match address.rsplit_once('@') {
+        Some((local, domain)) => format!("{local}@{}", domain.to_lowercase()),
+        None => address.to_string(),
+    }
+}
+
+/// [`normalised_address`] when it fits the ledger's column, for the claim to store.
+pub fn recipient_to_store(address: &str) -> Option<String> {
+    Some(normalised_address(address)).filter(|a| a.len() <= MAX_RECIPIENT_BYTES)
+}
+
 /// Masks an address for logs: `ada@example.com` → `a***@example.com`.
 pub fn mask_email(address: &str) -> String {
     match address.rsplit_once('@') {

@@ -13,7 +13,7 @@ const LAYERS: &[(&str, &[&str])] = &[
     ),
     ("core", &["config", "job", "door", "render"]),
     ("adapters", &["db", "broker", "smtp"]),
-    ("loops", &["relay", "worker", "dlq", "status"]),
+    ("loops", &["relay", "worker", "dlq", "status", "jobs"]),
     ("faces", &["http", "console"]),
     ("wiring", &["startup"]),
     ("command line", &["cli"]),

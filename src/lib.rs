@@ -28,6 +28,7 @@ pub mod exit;
 pub mod failpoint;
 pub mod http;
 pub mod job;
+pub mod jobs;
 pub mod relay;
 pub mod render;
 pub mod shutdown;

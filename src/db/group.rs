@@ -129,6 +129,7 @@ impl Ledger {
                 kind: req.kind.to_owned(),
                 message_id: req.message_id.to_owned(),
                 token: req.token,
+                recipient: req.recipient.clone(),
             },
             lease: req.lease,
             resend_uncertain: req.resend_uncertain,
@@ -446,6 +447,7 @@ async fn write_alone(db: &Database, op: Op) {
                 lease,
                 resend_uncertain,
                 replay: false,
+                recipient: item.recipient.clone(),
             };
             let _ = reply.send(db.claim(&req).await.map_err(Arc::new));
         }

@@ -13,6 +13,10 @@
 //! Times are `DATETIME(6)` in UTC from the database clock (`UTC_TIMESTAMP(6)`), whatever the
 //! session time zone, so leases agree across workers and producers in any language.
 
+// Before the statements that use its macro.
+#[macro_use]
+mod history;
+
 use std::time::Duration;
 
 use sqlx::mysql::MySqlDatabaseError;
@@ -44,8 +48,8 @@ fn micros(d: Duration) -> i64 {
 
 const INSERT_CLAIM: &str = "
 INSERT INTO sent_notifications
-    (job_id, kind, status, attempts, lease_until, claim_token, message_id)
-VALUES (?, ?, 'sending', 1, UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, ?, ?)";
+    (job_id, kind, status, attempts, lease_until, claim_token, message_id, recipient, claimed_at)
+VALUES (?, ?, 'sending', 1, UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, ?, ?, ?, UTC_TIMESTAMP(6))";
 
 /// Takes over a row that may be retried; the same guard as PostgreSQL's `ON CONFLICT … WHERE`.
 const TAKE_OVER: &str = "
@@ -54,6 +58,8 @@ SET status = 'sending',
     attempts = attempts + 1,
     lease_until = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND,
     claim_token = ?,
+    recipient = ?,
+    claimed_at = UTC_TIMESTAMP(6),
     updated_at = UTC_TIMESTAMP(6)
 WHERE job_id = ? AND kind = ?
   AND (status = 'failed'
@@ -103,6 +109,7 @@ async fn insert_claim(pool: &MySqlPool, req: &ClaimRequest<'_>) -> Result<bool, 
         .bind(micros(req.lease))
         .bind(req.token)
         .bind(req.message_id)
+        .bind(req.recipient.as_deref())
         .execute(pool)
         .await;
     match inserted {
@@ -117,6 +124,7 @@ async fn take_over(pool: &MySqlPool, req: &ClaimRequest<'_>) -> Result<u64, sqlx
     let done = sqlx::query(TAKE_OVER)
         .bind(micros(req.lease))
         .bind(req.token)
+        .bind(req.recipient.as_deref())
         .bind(req.job_id)
         .bind(req.kind)
         .bind(req.resend_uncertain)
@@ -130,9 +138,13 @@ async fn take_over(pool: &MySqlPool, req: &ClaimRequest<'_>) -> Result<u64, sqlx
 /// With a token: only the claim holder may record. Without: only over an expired `sending` row.
 /// (MySQL applies SET assignments left to right, so `sent_at` tests the bound status, not the
 /// column just assigned.)
-const RECORD: &str = "
-UPDATE sent_notifications
-SET status = ?,
+const RECORD: &str = concat!(
+    "
+UPDATE sent_notifications AS n
+SET history = ",
+    history_append!("?", "?", "?", "?", "?"),
+    ",
+    status = ?,
     smtp_reply = COALESCE(?, smtp_reply),
     last_error = ?,
     error_class = ?,
@@ -141,7 +153,8 @@ SET status = ?,
     sent_at = CASE WHEN ? = 'sent' THEN UTC_TIMESTAMP(6) ELSE sent_at END,
     updated_at = UTC_TIMESTAMP(6)
 WHERE job_id = ? AND kind = ?
-  AND (claim_token = ? OR (? IS NULL AND status = 'sending' AND lease_until < UTC_TIMESTAMP(6)))";
+  AND (claim_token = ? OR (? IS NULL AND status = 'sending' AND lease_until < UTC_TIMESTAMP(6)))"
+);
 
 /// Records a result; `revision` is the template revision that rendered a sent email.
 pub(super) async fn record(
@@ -150,6 +163,12 @@ pub(super) async fn record(
     revision: Option<&str>,
 ) -> Result<bool, sqlx::Error> {
     let done = sqlx::query(RECORD)
+        // The history entry: status (tested, then written), class, reply, error.
+        .bind(r.status.as_str())
+        .bind(r.status.as_str())
+        .bind(r.class)
+        .bind(r.smtp_reply)
+        .bind(r.error)
         .bind(r.status.as_str())
         .bind(r.smtp_reply)
         .bind(r.error)

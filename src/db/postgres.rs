@@ -2,6 +2,10 @@
 //! `postgres/group.rs`. Times come from the database clock (`now()`), so workers on machines
 //! with skewed clocks still agree on leases.
 
+// Before the statements that use its macro.
+#[macro_use]
+mod history;
+
 use std::time::Duration;
 
 use sqlx::{PgConnection, PgPool, Row};
@@ -22,6 +26,8 @@ SET status = 'sending',
     attempts = n.attempts + 1,
     lease_until = EXCLUDED.lease_until,
     claim_token = EXCLUDED.claim_token,
+    recipient = EXCLUDED.recipient,
+    claimed_at = now(),
     updated_at = now()
 WHERE n.status = 'failed'
    OR ($6 AND n.status = 'sending' AND n.lease_until < now())
@@ -39,8 +45,8 @@ pub(super) use group::write_group;
 const CLAIM: &str = concat!(
     "
 INSERT INTO sent_notifications AS n
-    (job_id, kind, status, attempts, lease_until, claim_token, message_id)
-VALUES ($1, $2, 'sending', 1, now() + make_interval(secs => $3), $4, $5)",
+    (job_id, kind, status, attempts, lease_until, claim_token, message_id, recipient, claimed_at)
+VALUES ($1, $2, 'sending', 1, now() + make_interval(secs => $3), $4, $5, $8, now())",
     take_over!(),
     "
    OR ($7 AND n.status IN ('dead', 'uncertain', 'failed'))
@@ -63,6 +69,7 @@ pub(super) async fn claim(pool: &PgPool, req: &ClaimRequest<'_>) -> Result<Claim
         .bind(req.message_id)
         .bind(req.resend_uncertain)
         .bind(req.replay)
+        .bind(req.recipient.as_deref())
         .fetch_optional(pool)
         .await?;
     if let Some(attempt) = claimed {
@@ -80,9 +87,13 @@ pub(super) async fn claim(pool: &PgPool, req: &ClaimRequest<'_>) -> Result<Claim
 }
 
 /// With a token: only the claim holder may record. Without: only over an expired `sending` row.
-const RECORD: &str = "
-UPDATE sent_notifications
-SET status = $3,
+const RECORD: &str = concat!(
+    "
+UPDATE sent_notifications AS n
+SET history = ",
+    history_append!("$3", "$8", "$4", "$5"),
+    ",
+    status = $3,
     smtp_reply = COALESCE($4, smtp_reply),
     last_error = $5,
     error_class = $8,
@@ -91,7 +102,8 @@ SET status = $3,
     sent_at = CASE WHEN $3 = 'sent' THEN now() ELSE sent_at END,
     updated_at = now()
 WHERE job_id = $1 AND kind = $2
-  AND (claim_token = $6 OR ($6 IS NULL AND status = 'sending' AND lease_until < now()))";
+  AND (claim_token = $6 OR ($6 IS NULL AND status = 'sending' AND lease_until < now()))"
+);
 
 /// Records a result; `revision` is the template revision that rendered a sent email.
 pub(super) async fn record(

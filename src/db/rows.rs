@@ -83,6 +83,9 @@ pub struct ClaimRequest<'a> {
     /// A copy replayed from the dead-letter queue: a `dead` or `uncertain` row may be taken over
     /// (one more claim per replayed copy). A `sent` row never is.
     pub replay: bool,
+    /// The job's first `to` address, normalised (`job::normalised_address`), written with the
+    /// claim for the recipient search.
+    pub recipient: Option<String>,
 }
 
 /// The answer to a claim.
@@ -191,6 +194,7 @@ pub struct ClaimItem {
     pub kind: String,
     pub message_id: String,
     pub token: Uuid,
+    pub recipient: Option<String>,
 }
 
 /// A record in a group: always by the holder of the claim (`token`).

@@ -9,6 +9,7 @@
 //! | 400 | `not-json` | the body is not JSON |
 //! | 400 | `idempotency-key-mismatch` | the header and the body's `job_id` disagree |
 //! | 413 | `too-large` | the body is larger than the job limit (64 KiB) |
+//! | 415 | `unsupported-media-type` | the Content-Type is not JSON (nor `curl -d`'s form type) |
 //! | 422 | `invalid-job` | a field breaks a rule (size as published, kind, ids, addresses, headers) |
 //! | 422 | `idempotency-key-reused` | the key was used before with a different body |
 //!
@@ -28,62 +29,34 @@ use axum::{
 };
 use serde_json::{Value, json};
 
+use super::problem::Problem;
 use super::{ApiState, encode};
 use crate::db::outbox::{self, Enqueued};
 use crate::door::{self, Admitted};
 use crate::job::{EmailJob, JobError, MAX_JOB_BYTES};
 
-/// An RFC 9457 problem, with the field to fix when there is one.
-pub(super) struct Problem {
-    pub status: StatusCode,
-    pub kind: &'static str,
-    pub title: &'static str,
-    pub detail: String,
-    pub field: Option<String>,
-}
-
-impl IntoResponse for Problem {
-    fn into_response(self) -> Response {
-        let body = json!({
-            "type": format!("tag:mailroom,2026:problem/{}", self.kind),
-            "title": self.title,
-            "status": self.status.as_u16(),
-            "detail": self.detail,
-            "field": self.field,
-        });
-        (
-            self.status,
-            [(header::CONTENT_TYPE, "application/problem+json")],
-            body.to_string(),
-        )
-            .into_response()
+/// A job that breaks a rule: 422 naming its field.
+fn invalid(e: &JobError) -> Problem {
+    let problem = Problem::new(
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "invalid-job",
+        "The job breaks a rule",
+        e.to_string(),
+    );
+    match e {
+        JobError::Invalid { field, .. } => problem.at(field.clone()),
+        _ => problem,
     }
 }
 
-impl Problem {
-    fn invalid(e: &JobError) -> Problem {
-        let field = match e {
-            JobError::Invalid { field, .. } => Some(field.clone()),
-            _ => None,
-        };
-        Problem {
-            status: StatusCode::UNPROCESSABLE_ENTITY,
-            kind: "invalid-job",
-            title: "The job breaks a rule",
-            detail: e.to_string(),
-            field,
-        }
-    }
-
-    fn key(status: StatusCode, kind: &'static str, title: &'static str, detail: String) -> Problem {
-        Problem {
-            status,
-            kind,
-            title,
-            detail,
-            field: Some("Idempotency-Key".into()),
-        }
-    }
+/// A problem with the `Idempotency-Key` header.
+fn key_problem(
+    status: StatusCode,
+    kind: &'static str,
+    title: &'static str,
+    detail: String,
+) -> Problem {
+    Problem::new(status, kind, title, detail).at_header("Idempotency-Key")
 }
 
 pub(super) async fn enqueue(
@@ -110,6 +83,7 @@ async fn admit_and_write(
     if done == Enqueued::AlreadyQueued {
         check_retry(state, job, headers).await?;
     }
+    tracing::debug!(job_id = %job.job_id, kind = %job.kind, duplicate = done == Enqueued::AlreadyQueued, "job enqueued");
     if let (Enqueued::New(_), Some(wake)) = (done, &state.relay_wake) {
         wake.notify_one();
     }
@@ -120,32 +94,30 @@ async fn admit_and_write(
 /// server has them.
 fn admit(state: &ApiState, job: &EmailJob) -> Result<Admitted, Problem> {
     let templates = state.templates.as_ref().map(|t| t.current());
-    outbox::admit_for_outbox(job, templates.as_deref()).map_err(|e| Problem::invalid(&e))
+    outbox::admit_for_outbox(job, templates.as_deref()).map_err(|e| invalid(&e))
 }
 
 /// Writes the job to the outbox; nothing when its key is there already.
 async fn write(state: &ApiState, admitted: &Admitted) -> Result<Enqueued, Problem> {
-    state
-        .db
-        .enqueue_admitted(admitted)
-        .await
-        .map_err(|e| Problem {
-            status: StatusCode::SERVICE_UNAVAILABLE,
-            kind: "database-unavailable",
-            title: "The database is unavailable",
-            detail: format!("database unavailable: {e}"),
-            field: None,
-        })
+    state.db.enqueue_admitted(admitted).await.map_err(|e| {
+        Problem::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "database-unavailable",
+            "The database is unavailable",
+            format!("database unavailable: {e}"),
+        )
+    })
 }
 
 /// A key already queued: [`check_same_request`], naming the field that carried the key (the
 /// header, or the body's `job_id`).
 async fn check_retry(state: &ApiState, job: &EmailJob, headers: &HeaderMap) -> Result<(), Problem> {
-    check_same_request(state, job).await.map_err(|mut problem| {
-        if !headers.contains_key("idempotency-key") {
-            problem.field = Some("job_id".into());
+    check_same_request(state, job).await.map_err(|problem| {
+        if headers.contains_key("idempotency-key") {
+            problem
+        } else {
+            problem.at("job_id")
         }
-        problem
     })
 }
 
@@ -167,33 +139,29 @@ fn accepted(job: &EmailJob, duplicate: bool) -> Response {
 /// The body as JSON: 413 past the job limit (axum's body limit is set to it), 400 when not JSON.
 fn read_body(body: Result<Bytes, BytesRejection>) -> Result<Value, Problem> {
     let body = body.map_err(|rejection| {
-        let too_large = rejection.status() == StatusCode::PAYLOAD_TOO_LARGE;
-        Problem {
-            status: rejection.status(),
-            kind: if too_large {
-                "too-large"
-            } else {
-                "unreadable-body"
-            },
-            title: if too_large {
-                "The body is larger than the job limit"
-            } else {
-                "The body could not be read"
-            },
-            detail: if too_large {
-                format!("the body is larger than the job limit of {MAX_JOB_BYTES} bytes")
-            } else {
-                rejection.body_text()
-            },
-            field: None,
+        if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            Problem::new(
+                rejection.status(),
+                "too-large",
+                "The body is larger than the job limit",
+                format!("the body is larger than the job limit of {MAX_JOB_BYTES} bytes"),
+            )
+        } else {
+            Problem::new(
+                rejection.status(),
+                "unreadable-body",
+                "The body could not be read",
+                rejection.body_text(),
+            )
         }
     })?;
-    serde_json::from_slice(&body).map_err(|e| Problem {
-        status: StatusCode::BAD_REQUEST,
-        kind: "not-json",
-        title: "The body is not JSON",
-        detail: format!("body is not JSON: {e}"),
-        field: None,
+    serde_json::from_slice(&body).map_err(|e| {
+        Problem::new(
+            StatusCode::BAD_REQUEST,
+            "not-json",
+            "The body is not JSON",
+            format!("body is not JSON: {e}"),
+        )
     })
 }
 
@@ -201,7 +169,7 @@ fn read_body(body: Result<Bytes, BytesRejection>) -> Result<Value, Problem> {
 fn job_of(mut value: Value, headers: &HeaderMap) -> Result<EmailJob, Problem> {
     if let Some(key) = headers.get("idempotency-key") {
         let Ok(key) = key.to_str() else {
-            return Err(Problem::key(
+            return Err(key_problem(
                 StatusCode::BAD_REQUEST,
                 "idempotency-key-mismatch",
                 "The Idempotency-Key header is not visible ASCII",
@@ -211,7 +179,7 @@ fn job_of(mut value: Value, headers: &HeaderMap) -> Result<EmailJob, Problem> {
         if let Some(obj) = value.as_object_mut() {
             match obj.get("job_id") {
                 Some(Value::String(id)) if id != key => {
-                    return Err(Problem::key(
+                    return Err(key_problem(
                         StatusCode::BAD_REQUEST,
                         "idempotency-key-mismatch",
                         "The Idempotency-Key header and the body's job_id disagree",
@@ -224,7 +192,7 @@ fn job_of(mut value: Value, headers: &HeaderMap) -> Result<EmailJob, Problem> {
             }
         }
     }
-    door::from_value(value).map_err(|e| Problem::invalid(&e))
+    door::from_value(value).map_err(|e| invalid(&e))
 }
 
 /// A key already in the outbox: the same request again is fine, another body is not.
@@ -238,7 +206,7 @@ async fn check_same_request(state: &ApiState, job: &EmailJob) -> Result<(), Prob
     if same {
         return Ok(());
     }
-    Err(Problem::key(
+    Err(key_problem(
         StatusCode::UNPROCESSABLE_ENTITY,
         "idempotency-key-reused",
         "The Idempotency-Key was used before with a different body",

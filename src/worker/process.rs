@@ -162,6 +162,10 @@ impl Worker {
             token: Uuid::new_v4(),
             lease: self.settings.lease,
             resend_uncertain: self.settings.on_uncertain == OnUncertain::Resend,
+            recipient: job
+                .to
+                .first()
+                .and_then(|to| crate::job::recipient_to_store(to.email.as_ref())),
             replay: match self.replay_keys.honour(delivery).await {
                 Ok(genuine) => genuine,
                 Err(e) => {

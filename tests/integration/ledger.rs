@@ -34,6 +34,7 @@ fn request<'a>(job_id: &'a str, lease: Duration, resend: bool) -> ClaimRequest<'
         lease,
         resend_uncertain: resend,
         replay: false,
+        recipient: None,
     }
 }
 
@@ -170,6 +171,7 @@ async fn a_group_answers_each_claim_and_record_as_the_single_statements_do() {
                     kind: KIND.into(),
                     message_id: "<ledger@mailroom.test>".into(),
                     token: Uuid::new_v4(),
+                    recipient: None,
                 })
                 .collect(),
             records: held

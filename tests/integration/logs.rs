@@ -153,6 +153,78 @@ async fn json_logs_are_flat_with_one_outcome_line_per_delivery_and_an_access_log
 }
 
 #[tokio::test]
+async fn a_request_id_is_in_the_access_line_and_in_every_line_its_handler_writes() {
+    let app = TestApp::spawn().await;
+    let addr = format!("127.0.0.1:{}", free_port());
+    let mut args = app.worker_args(&[]);
+    args.extend(["--http-addr", &addr].map(String::from));
+    let log = log_path(&app, "request-id.log");
+    let run = spawn(
+        "run",
+        &args,
+        &log,
+        "json",
+        Some("info,mailroom::http=debug"),
+    );
+    let client = reqwest::Client::new();
+    let base = format!("http://{addr}");
+    eventually("the API answers", || async {
+        let r = client.get(format!("{base}/healthz")).send().await.ok()?;
+        r.status().is_success().then_some(())
+    })
+    .await;
+    let response = client
+        .post(format!("{base}/v1/emails"))
+        .header("x-request-id", "req-log-1")
+        .json(&app.job("logs-request-id"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status().as_u16(), 202);
+    assert_eq!(response.headers()["x-request-id"], "req-log-1");
+    let response = client
+        .get(format!("{base}/v1/nowhere"))
+        .send()
+        .await
+        .unwrap();
+    let generated = response.headers()["x-request-id"]
+        .to_str()
+        .unwrap()
+        .to_string();
+    wait_for_line(&log, &[r#""status":404"#]).await;
+    let text = stop(run, &log).await;
+
+    let lines = json_lines(&text);
+    let of = |id: &str| -> Vec<_> {
+        lines
+            .iter()
+            .filter(|l| l.get("request_id") == Some(&Value::from(id)))
+            .collect()
+    };
+    let ours = of("req-log-1");
+    let access: Vec<_> = ours
+        .iter()
+        .filter(|l| l["target"] == "mailroom::http::access")
+        .collect();
+    assert_eq!(access.len(), 1, "{ours:#?}");
+    assert_eq!(access[0]["status"], 202);
+    let handler: Vec<_> = ours
+        .iter()
+        .filter(|l| l["message"] == "job enqueued")
+        .collect();
+    assert_eq!(
+        handler.len(),
+        1,
+        "the handler's line carries the id: {ours:#?}"
+    );
+    assert_eq!(handler[0]["span"], "request");
+    assert_eq!(handler[0]["job_id"], "logs-request-id");
+    let unknown = of(&generated);
+    assert_eq!(unknown.len(), 1, "{text}");
+    assert_eq!(unknown[0]["path"], "(no route)");
+}
+
+#[tokio::test]
 async fn text_logs_name_each_span_field_once_and_open_the_window_at_the_final_dot() {
     let app = TestApp::spawn().await;
     let log = log_path(&app, "text.log");

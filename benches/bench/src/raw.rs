@@ -247,6 +247,7 @@ async fn claim_and_record(
             lease: LEASE,
             resend_uncertain: true,
             replay: false,
+            recipient: None,
         })
         .await?;
     claim_lat.record_duration(t.elapsed());

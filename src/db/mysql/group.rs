@@ -123,7 +123,8 @@ async fn insert_claims(
     }
     let mut q = QueryBuilder::new(
         "INSERT INTO sent_notifications \
-         (job_id, kind, status, attempts, lease_until, claim_token, message_id) ",
+         (job_id, kind, status, attempts, lease_until, claim_token, message_id, recipient, \
+          claimed_at) ",
     );
     q.push_values(fresh, |mut b, c| {
         b.push_bind(c.job_id.as_str())
@@ -134,7 +135,9 @@ async fn insert_claims(
             .push_bind_unseparated(lease)
             .push_unseparated(" MICROSECOND")
             .push_bind(c.token)
-            .push_bind(c.message_id.as_str());
+            .push_bind(c.message_id.as_str())
+            .push_bind(c.recipient.as_deref())
+            .push("UTC_TIMESTAMP(6)");
     });
     q.build().execute(&mut *tx).await?;
     Ok(())
@@ -153,6 +156,9 @@ async fn take_over_claims(
     let mut q = QueryBuilder::new("UPDATE sent_notifications n JOIN (");
     for (i, c) in old.iter().enumerate() {
         push_union_row(&mut q, i, &c.job_id, &c.kind, c.token);
+        q.push(", ")
+            .push_bind(c.recipient.as_deref())
+            .push(" AS recipient");
     }
     q.push(
         ") c ON n.job_id = c.job_id AND n.kind = c.kind \
@@ -161,7 +167,8 @@ async fn take_over_claims(
     )
     .push_bind(lease)
     .push(
-        " MICROSECOND, n.claim_token = c.token, n.updated_at = UTC_TIMESTAMP(6) \
+        " MICROSECOND, n.claim_token = c.token, n.recipient = c.recipient, \
+             n.claimed_at = UTC_TIMESTAMP(6), n.updated_at = UTC_TIMESTAMP(6) \
          WHERE n.status = 'failed' \
             OR (",
     )
@@ -198,9 +205,11 @@ async fn record_group(
             .push(" AS revision");
     }
     // `sent_at` tests the bound status, not the column assigned before it.
-    q.push(
+    q.push(concat!(
         ") r ON n.job_id = r.job_id AND n.kind = r.kind AND n.claim_token = r.token \
-         SET n.status = r.status, \
+         SET n.history = ",
+        history_append!("r.status", "r.status", "r.class", "r.reply", "r.error"),
+        ", n.status = r.status, \
              n.smtp_reply = COALESCE(r.reply, n.smtp_reply), \
              n.last_error = r.error, \
              n.error_class = r.class, \
@@ -208,7 +217,7 @@ async fn record_group(
              n.lease_until = NULL, \
              n.sent_at = CASE WHEN r.status = 'sent' THEN UTC_TIMESTAMP(6) ELSE n.sent_at END, \
              n.updated_at = UTC_TIMESTAMP(6)",
-    );
+    ));
     // CLIENT_FOUND_ROWS: each record matches at most its one row, by token.
     let done = q.build().execute(&mut *tx).await?;
     Ok(done.rows_affected() == records.len() as u64)

@@ -15,16 +15,21 @@ const WRITE_GROUP: &str = concat!(
     "
 WITH claimed AS (
     INSERT INTO sent_notifications AS n
-        (job_id, kind, status, attempts, lease_until, claim_token, message_id)
-    SELECT c.job_id, c.kind, 'sending', 1, now() + make_interval(secs => $5), c.token, c.message_id
-    FROM unnest($1::text[], $2::text[], $3::uuid[], $4::text[]) AS c(job_id, kind, token, message_id)
+        (job_id, kind, status, attempts, lease_until, claim_token, message_id, recipient, claimed_at)
+    SELECT c.job_id, c.kind, 'sending', 1, now() + make_interval(secs => $5), c.token, c.message_id,
+           c.recipient, now()
+    FROM unnest($1::text[], $2::text[], $3::uuid[], $4::text[], $15::text[])
+         AS c(job_id, kind, token, message_id, recipient)
     ORDER BY c.job_id, c.kind",
     take_over!(),
     "
     RETURNING n.job_id, n.kind, n.attempts
 ), recorded AS (
     UPDATE sent_notifications AS n
-    SET status = r.status,
+    SET history = ",
+    history_append!("r.status", "r.class", "r.reply", "r.error"),
+    ",
+        status = r.status,
         smtp_reply = COALESCE(r.reply, n.smtp_reply),
         last_error = r.error,
         error_class = r.class,
@@ -120,6 +125,7 @@ async fn claim_and_record(
         .bind(r.iter().map(|r| r.error.as_deref()).collect::<Vec<_>>())
         .bind(r.iter().map(|r| r.class.as_deref()).collect::<Vec<_>>())
         .bind(r.iter().map(|r| r.revision.as_deref()).collect::<Vec<_>>())
+        .bind(c.iter().map(|c| c.recipient.as_deref()).collect::<Vec<_>>())
         .fetch_all(pool)
         .await?;
     let mut claimed = HashMap::new();
