@@ -6,6 +6,7 @@
 //! into a claim's lease) and runs under a whole-send timeout (lettre's connection has no I/O
 //! timeout of its own); a failure is classified by the SMTP phase it happened in ([`session`]).
 
+pub mod dkim;
 mod endpoint;
 mod pool;
 mod session;
@@ -93,6 +94,8 @@ pub struct MailerSettings {
     pub message_id_domain: String,
     pub timeout: Duration,
     pub max_connections: u32,
+    /// Sign every message with this DKIM key.
+    pub dkim: Option<dkim::DkimSettings>,
 }
 
 /// The right to one SMTP session: a permit of the cap on open connections. Held from before a
@@ -110,6 +113,7 @@ pub struct Mailer {
     message_id_domain: String,
     timeout: Duration,
     permits: Semaphore,
+    dkim: Option<dkim::Dkim>,
 }
 
 impl Mailer {
@@ -129,7 +133,12 @@ impl Mailer {
                 Transport::Smtp(pool::Pool::new(endpoint))
             }
         };
+        let dkim = s.dkim.as_ref().map(dkim::Dkim::load).transpose()?;
+        if let (Some(d), Some(s)) = (&dkim, &s.dkim) {
+            tracing::info!(algorithm = d.algorithm(), selector = %s.selector, domain = %s.domain, "signing with DKIM");
+        }
         Ok(Mailer {
+            dkim,
             transport,
             from: s.from.clone(),
             message_id_domain: s.message_id_domain.clone(),
@@ -144,15 +153,14 @@ impl Mailer {
         message_id(job_id, kind, &self.message_id_domain)
     }
 
-    /// Builds the MIME message (text and HTML alternatives, the job's headers) and formats it,
-    /// once, for the size check and the wire.
+    /// Builds the MIME message (text and HTML alternatives, the job's headers), signs it when
+    /// DKIM is configured, and formats it, once, for the size check and the wire.
     pub fn build(&self, job: &ValidJob, email: &RenderedEmail) -> Result<Outgoing, BuildError> {
-        Outgoing::format(&build_message(
-            &self.from,
-            &self.message_id_domain,
-            job,
-            email,
-        )?)
+        let mut message = build_message(&self.from, &self.message_id_domain, job, email)?;
+        if let Some(dkim) = &self.dkim {
+            dkim.sign(&mut message);
+        }
+        Outgoing::format(&message)
     }
 
     /// The whole-send timeout: connecting, the SMTP dialogue and the reply to the final dot.

@@ -43,7 +43,7 @@ use crate::render::{LiveTemplates, Templates};
 pub use relay::{RelayConfig, RelayTuning, build_relay, run_relay};
 pub use run::{RunConfig, run_all};
 pub use serve::{HttpConfig, ServeConfig, api_state, bind, run_serve};
-pub use worker::{WorkerConfig, build_worker, run_worker};
+pub use worker::{DkimConfig, WorkerConfig, build_worker, run_worker};
 
 /// The broker every process talks to, and the names of its exchanges and queues.
 #[derive(Clone, Debug)]

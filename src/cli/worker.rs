@@ -84,6 +84,16 @@ pub struct WorkerArgs {
     /// the retry schedule plus the dead-letter retention (checked at startup); 0s keeps every row.
     #[arg(long, env = "MAILROOM_LEDGER_RETENTION", default_value = "45d", value_parser = config::parse_duration)]
     pub ledger_retention: Duration,
+    /// DKIM private key file: PKCS#8 PEM (RSA or Ed25519, as `openssl genpkey` writes), RSA
+    /// PKCS#1 PEM, or a base64 Ed25519 seed. Every message is signed; needs --dkim-selector.
+    #[arg(long, env = "MAILROOM_DKIM_KEY", requires = "dkim_selector")]
+    pub dkim_key: Option<PathBuf>,
+    /// DKIM selector: the public key is published at <selector>._domainkey.<domain>.
+    #[arg(long, env = "MAILROOM_DKIM_SELECTOR", requires = "dkim_key")]
+    pub dkim_selector: Option<String>,
+    /// DKIM signing domain (d=); default: the domain of --from.
+    #[arg(long, env = "MAILROOM_DKIM_DOMAIN", requires = "dkim_key")]
+    pub dkim_domain: Option<String>,
     #[command(flatten)]
     pub metrics: MetricsOptions,
     #[command(flatten)]
@@ -105,6 +115,11 @@ impl WorkerArgs {
             lease: self.lease,
             smtp_timeout: self.smtp_timeout,
             max_attempts: self.max_attempts,
+            dkim: self.dkim_key.clone().map(|key| startup::DkimConfig {
+                key,
+                selector: self.dkim_selector.clone().unwrap_or_default(),
+                domain: self.dkim_domain.clone(),
+            }),
             ledger_retention: (!self.ledger_retention.is_zero()).then_some(self.ledger_retention),
             concurrency: self.concurrency,
             prefetch: self.prefetch,

@@ -173,6 +173,7 @@ fn mailer(port: u16, timeout: Duration, max_connections: u32) -> Mailer {
         message_id_domain: "shop.example".into(),
         timeout,
         max_connections,
+        dkim: None,
     })
     .unwrap()
 }
@@ -433,6 +434,7 @@ async fn implicit_tls_to_a_plaintext_server_is_an_unreachable_server() {
         message_id_domain: "shop.example".into(),
         timeout: Duration::from_secs(2),
         max_connections: 1,
+        dkim: None,
     })
     .unwrap();
     let r = m.send(&message()).await;

@@ -18,6 +18,7 @@ use crate::exit::{self, Fatal};
 use crate::http::Readiness;
 use crate::http::metrics::Metrics;
 use crate::render::LiveTemplates;
+use crate::smtp::dkim::DkimSettings;
 use crate::smtp::{Mailer, MailerSettings};
 use crate::worker::{Worker, WorkerSettings};
 
@@ -45,12 +46,23 @@ pub struct WorkerConfig {
     pub prefetch: Option<u16>,
     pub ledger_group: usize,
     pub smtp_connections: u32,
+    /// Sign every message with DKIM.
+    pub dkim: Option<DkimConfig>,
     pub shutdown_grace: Duration,
     pub template_reload_interval: Duration,
     /// A `/metrics` listener of its own.
     pub metrics_addr: Option<SocketAddr>,
     /// Replayed and purged dead-letter rows older than this are deleted.
     pub dead_letter_retention: Duration,
+}
+
+/// DKIM as configured: the key file and selector, and the signing domain (`None`: the domain of
+/// `from`).
+#[derive(Clone, Debug)]
+pub struct DkimConfig {
+    pub key: PathBuf,
+    pub selector: String,
+    pub domain: Option<String>,
 }
 
 /// Runs the worker, the template watcher (and SIGHUP) and the optional metrics listener until
@@ -126,6 +138,14 @@ fn mailer_settings(config: &WorkerConfig) -> MailerSettings {
         message_id_domain: domain,
         timeout: config.smtp_timeout,
         max_connections: config.smtp_connections.max(1),
+        dkim: config.dkim.as_ref().map(|d| DkimSettings {
+            key: d.key.clone(),
+            selector: d.selector.clone(),
+            domain: d
+                .domain
+                .clone()
+                .unwrap_or_else(|| config.from.email.domain().to_string()),
+        }),
     }
 }
 

@@ -15,6 +15,7 @@ mod data_syntax;
 mod database_refused;
 mod delivery;
 mod disruptive;
+mod dkim;
 mod dlq;
 mod doors;
 mod exposition;

@@ -385,6 +385,7 @@ pub fn bench_mailer(sink: &SmtpSink) -> anyhow::Result<(Mailer, mailroom::smtp::
         message_id_domain: "mailroom.bench".into(),
         timeout: Duration::from_secs(60),
         max_connections: WORKER_SMTP_CONNECTIONS,
+        dkim: None,
     })?;
     let message = mailer.build(&job, &rendered)?;
     let bytes = message.bytes.len();
