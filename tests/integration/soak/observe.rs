@@ -1,5 +1,6 @@
-//! What the soak reads back after the nemesis: the SMTP recorder's log, the dead-letter queue
-//! (taken as it fills, so the drain can see it), the ledger, the outbox, the queues, and the
+//! What the soak reads back after the nemesis: the SMTP recorder's log, the dead letters (taken
+//! from the queue and from the table the workers ingest it into, as they come, so the drain can
+//! see them), the ledger, the outbox, the queues, and the
 //! uncertain-window events in every worker incarnation's JSON log.
 
 use std::collections::HashSet;
@@ -8,6 +9,7 @@ use std::time::Duration;
 
 use lapin::options::{BasicGetOptions, QueueDeclareOptions};
 use mailroom::db::Database;
+use mailroom::db::dead_letters::LetterQuery;
 use tokio::time::Instant;
 
 use super::checker::{Committed, DeadLetterSeen, History, Key, Window, WindowEvent};
@@ -109,8 +111,36 @@ impl<'a> Observer<'a> {
         (conn, ch)
     }
 
-    /// Takes every message now in the dead-letter queue.
+    /// Takes every dead letter now in the dead-letter queue, and every one the workers have
+    /// ingested into `mailroom_dead_letters` (deleting those rows, so each is taken once).
     async fn take_dead_letters(&mut self) {
+        self.take_queued_dead_letters().await;
+        let dead = LetterQuery {
+            state: Some("dead".into()),
+            payload: true,
+            ..LetterQuery::default()
+        };
+        let rows = self.app.db.dead_letters(&dead).await.unwrap();
+        if rows.is_empty() {
+            return;
+        }
+        let ids: Vec<i64> = rows.iter().map(|r| r.id).collect();
+        self.app
+            .db
+            .purge_dead_letters(&ids, "soak", true)
+            .await
+            .unwrap();
+        for r in rows {
+            let letter = DeadLetter {
+                properties: mailroom::dlq::decode_properties(&r.properties).unwrap(),
+                body: r.body,
+            };
+            self.see(letter, &r.routing_key);
+        }
+    }
+
+    /// Takes every message now in the dead-letter queue itself.
+    async fn take_queued_dead_letters(&mut self) {
         let (_conn, ch) = self.channel().await;
         let queue = self.app.topology.dead.as_str();
         while let Some(m) = ch
@@ -122,20 +152,21 @@ impl<'a> Observer<'a> {
                 body: m.delivery.data.clone(),
                 properties: m.delivery.properties.clone(),
             };
-            let job_id = letter
-                .properties
-                .message_id()
-                .as_ref()
-                .map(|s| s.to_string());
-            self.dead_letters.push(DeadLetterSeen {
-                key: Key::new(
-                    job_id.as_deref().unwrap_or("?"),
-                    m.delivery.routing_key.as_str(),
-                ),
-                class: letter.header("x-mailroom-error-class"),
-                reason: letter.header("x-mailroom-error"),
-            });
+            self.see(letter, m.delivery.routing_key.as_str());
         }
+    }
+
+    fn see(&mut self, letter: DeadLetter, routing_key: &str) {
+        let job_id = letter
+            .properties
+            .message_id()
+            .as_ref()
+            .map(|s| s.to_string());
+        self.dead_letters.push(DeadLetterSeen {
+            key: Key::new(job_id.as_deref().unwrap_or("?"), routing_key),
+            class: letter.header("x-mailroom-error-class"),
+            reason: letter.header("x-mailroom-error"),
+        });
     }
 
     /// Messages in the work queue and the retry tiers (ready ones, plus unacked ones once no
