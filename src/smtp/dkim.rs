@@ -54,8 +54,12 @@ pub enum DkimError {
         "MAILROOM_DKIM_KEY {path}: not a private key mailroom can sign with ({why}); expected PKCS#8 PEM (`openssl genpkey -algorithm ed25519` or `-algorithm rsa`), RSA PKCS#1 PEM, or a base64 Ed25519 seed"
     )]
     Key { path: PathBuf, why: &'static str },
-    #[error("MAILROOM_DKIM_SELECTOR {0:?} is not a DNS label (letters, digits, `-`, `.`)")]
+    #[error("MAILROOM_DKIM_SELECTOR {0:?} is not a DNS name (letters, digits, `-`, `.`)")]
     Selector(String),
+    #[error(
+        "MAILROOM_DKIM_DOMAIN {0:?} is not a DNS name (letters, digits, `-`, `.`); set it when the domain of MAILROOM_FROM is not one"
+    )]
+    Domain(String),
 }
 
 /// A loaded key with its selector and domain.
@@ -76,13 +80,12 @@ impl std::fmt::Debug for Dkim {
 impl Dkim {
     /// Reads and checks the key.
     pub fn load(s: &DkimSettings) -> Result<Dkim, DkimError> {
-        let label_ok = |l: &str| {
-            !l.is_empty()
-                && l.bytes()
-                    .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.')
-        };
-        if !label_ok(&s.selector) {
+        // Both go verbatim into the DKIM-Signature header: anything else could add a tag.
+        if !dns_name(&s.selector) {
             return Err(DkimError::Selector(s.selector.clone()));
+        }
+        if !dns_name(&s.domain) {
+            return Err(DkimError::Domain(s.domain.clone()));
         }
         let text = std::fs::read_to_string(&s.key).map_err(|error| DkimError::Read {
             path: s.key.clone(),
@@ -114,6 +117,14 @@ impl Dkim {
     pub fn sign(&self, message: &mut Message) {
         message.sign(&self.config);
     }
+}
+
+/// Letters, digits, `-` and `.` only: a selector or a domain as DNS spells it.
+fn dns_name(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 253
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.')
 }
 
 /// The key in `text`, with its algorithm's name.
@@ -198,6 +209,20 @@ mod tests {
             base64_encode(&der)
         );
         assert_eq!(signing_key(&pem).unwrap().1, "ed25519");
+    }
+
+    #[test]
+    fn a_selector_or_domain_that_could_add_a_tag_is_refused() {
+        assert!(dns_name("mr2026.eu") && dns_name("mail-1.shop.example"));
+        for bad in [
+            "",
+            "shop.example; l=0",
+            "[192.0.2.1]",
+            "shop example",
+            "ex\u{e4}mple.de",
+        ] {
+            assert!(!dns_name(bad), "{bad:?}");
+        }
     }
 
     #[test]
