@@ -7,8 +7,9 @@ use mailroom_test_kit::free_port;
 use mailroom_test_kit::waits::eventually;
 use tokio::process::{Child, Command};
 
-use super::app::{TEST_RETRY_DELAYS, TestApp};
+use super::app::TestApp;
 use super::browser::Browser;
+use super::processes::test_log_or;
 use super::templates::editable_templates;
 
 /// The API token of the console's processes.
@@ -33,24 +34,9 @@ impl TestApp {
     pub async fn start_console_serve_with(&self, token: Option<&str>) -> ConsoleServer {
         let templates = editable_templates();
         let port = free_port();
-        let args = [
-            "serve",
-            "--database-url",
-            &self.db_url,
-            "--amqp-url",
-            &self.amqp_url,
-            "--namespace",
-            &self.namespace,
-            "--retry-delays",
-            TEST_RETRY_DELAYS,
-            "--templates",
-            templates.path().to_str().unwrap(),
-            "--http-addr",
-            &format!("127.0.0.1:{port}"),
-        ];
-        let mut args = args.to_vec();
-        args.extend(token.map(|t| ["--api-token", t]).into_iter().flatten());
-        let process = spawn(&args);
+        let mut extra = vec!["--templates", templates.path().to_str().unwrap()];
+        extra.extend(token.map(|t| ["--api-token", t]).into_iter().flatten());
+        let process = self.spawn_serve_process(&format!("127.0.0.1:{port}"), &extra);
         ConsoleServer::ready(port, templates, process).await
     }
 
@@ -74,18 +60,13 @@ impl TestApp {
 }
 
 fn spawn(args: &[&str]) -> Child {
-    let stderr = if std::env::var_os("TEST_LOG").is_some() {
-        Stdio::inherit()
-    } else {
-        Stdio::null()
-    };
     Command::new(env!("CARGO_BIN_EXE_mailroom"))
         .args(args)
         .env_remove("DATABASE_URL")
         .env_remove("MAILROOM_API_TOKEN")
         .stdin(Stdio::null())
         .stdout(Stdio::null())
-        .stderr(stderr)
+        .stderr(test_log_or(Stdio::null()))
         .kill_on_drop(true)
         .spawn()
         .expect("start mailroom")

@@ -147,6 +147,7 @@ impl TestApp {
             .args(["--retry-delays", TEST_RETRY_DELAYS])
             .args(extra)
             .env_remove("DATABASE_URL")
+            .env_remove("MAILROOM_API_TOKEN")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(test_log_or(Stdio::null()))
@@ -315,7 +316,7 @@ impl RunningRelay {
 }
 
 /// A spawned process's stderr: this test's own with `TEST_LOG` set, else `otherwise`.
-fn test_log_or(otherwise: Stdio) -> Stdio {
+pub(super) fn test_log_or(otherwise: Stdio) -> Stdio {
     if std::env::var_os("TEST_LOG").is_some() {
         Stdio::inherit()
     } else {
