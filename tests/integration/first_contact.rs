@@ -59,7 +59,8 @@ async fn migrate_with_a_wrong_password_prints_one_plain_line_and_exits_78() {
 #[tokio::test]
 async fn a_closed_database_port_is_named_as_refused_at_once_and_exits_69() {
     let app = TestApp::spawn().await;
-    let port = free_port();
+    let closed = ClosedPort::new();
+    let port = closed.port();
     let url = altered(&app.db_url, None, Some(port));
     for args in [&["migrate"][..], &["status", "some-job"]] {
         let started = Instant::now();
@@ -206,7 +207,8 @@ async fn a_relay_whose_sessions_keep_failing_backs_off_instead_of_reconnecting_a
 #[tokio::test]
 async fn a_worker_waiting_for_a_broker_that_is_down_never_says_a_session_ended() {
     let app = TestApp::spawn().await;
-    let down = altered(&app.amqp_url, None, Some(free_port()));
+    let closed = ClosedPort::new();
+    let down = altered(&app.amqp_url, None, Some(closed.port()));
     let mut worker = tokio::process::Command::new(env!("CARGO_BIN_EXE_mailroom"))
         .arg("worker")
         .args(app.worker_args(&["--amqp-url", &down]))
@@ -313,7 +315,8 @@ async fn each_class_of_failure_exits_with_its_documented_code() {
     let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
     let config = run_cli(&["worker"], &env).await;
     assert_eq!(code(&config), 78, "{}", config.stderr);
-    let down = altered(&app.db_url, None, Some(free_port()));
+    let closed = ClosedPort::new();
+    let down = altered(&app.db_url, None, Some(closed.port()));
     let unavailable = run_cli(&["status", "x"], &[("DATABASE_URL", &down)]).await;
     assert_eq!(code(&unavailable), 69, "{}", unavailable.stderr);
 }

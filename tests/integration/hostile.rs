@@ -162,7 +162,8 @@ async fn run_and_capture(args: &[&str], env: &[(&str, &str)], run_for: Duration)
 #[tokio::test]
 async fn a_sentinel_password_never_appears_in_any_output_even_when_connections_fail() {
     let app = TestApp::spawn().await;
-    let unreachable = free_port();
+    let closed = ClosedPort::new();
+    let unreachable = closed.port();
     let mut db_wrong_password = url::Url::parse(&app.db_url).unwrap();
     db_wrong_password.set_password(Some(SENTINEL)).unwrap();
     let mut amqp_wrong_password = url::Url::parse(&app.amqp_url).unwrap();

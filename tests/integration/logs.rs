@@ -267,7 +267,8 @@ async fn text_logs_name_each_span_field_once_and_open_the_window_at_the_final_do
 #[tokio::test]
 async fn a_refused_smtp_connection_opens_no_window_and_names_the_server() {
     let app = TestApp::spawn().await;
-    let closed = format!("127.0.0.1:{}", free_port());
+    let port = ClosedPort::new();
+    let closed = format!("127.0.0.1:{}", port.port());
     let smtp = format!("smtp://{closed}");
     let log = log_path(&app, "refused.log");
     let filter = Some("info,mailroom::window=debug");

@@ -87,7 +87,8 @@ async fn the_overview_counts_the_hour_lists_the_workers_and_reads_queues_and_out
 #[tokio::test]
 async fn an_unreachable_broker_leaves_the_queues_out_and_says_so() {
     let app = TestApp::spawn().await;
-    let closed = format!("amqp://guest:guest@127.0.0.1:{}/%2f", free_port());
+    let port = ClosedPort::new();
+    let closed = format!("amqp://guest:guest@127.0.0.1:{}/%2f", port.port());
     let queues = QueueDepths::new(
         closed.parse::<UrlList>().unwrap(),
         app.topology.clone(),

@@ -167,7 +167,8 @@ async fn the_reads_need_no_broker_and_work_with_it_unset_or_unreachable() {
     let app = TestApp::spawn().await;
     publish_dead(&app, &[letter(&app.job("no-broker"), "rejected", "550")]).await;
     let templates = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("templates");
-    let closed = format!("amqp://guest:guest@127.0.0.1:{}/%2f", free_port());
+    let port = ClosedPort::new();
+    let closed = format!("amqp://guest:guest@127.0.0.1:{}/%2f", port.port());
     for amqp in [None, Some(closed.as_str())] {
         let mut env = vec![
             ("DATABASE_URL", app.db_url.as_str()),

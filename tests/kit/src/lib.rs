@@ -2,7 +2,7 @@
 //! share, the way crates.io shares `crates_io_test_db`: the URLs of the services that
 //! `scripts/services` runs ([`services`]), a database of one's own on either engine
 //! ([`database`]), RabbitMQ virtual hosts ([`vhost`]), the SMTP recorder ([`smtp`]), free
-//! loopback ports, and waiting by polling ([`waits`]). It knows nothing of mailroom's own types.
+//! loopback ports, closed ports no other test can take, and waiting by polling ([`waits`]). It knows nothing of mailroom's own types.
 
 pub mod database;
 pub mod services;
@@ -18,4 +18,53 @@ pub fn free_port() -> u16 {
         .local_addr()
         .unwrap()
         .port()
+}
+
+/// A loopback port that refuses connections for as long as this value lives: the port is bound
+/// but never listens, so a connect gets `ECONNREFUSED`, and no server started by another test
+/// running in parallel can take the port (a port from [`free_port`] can be taken, and a test of
+/// a server that is down would then talk to someone else's server).
+pub struct ClosedPort {
+    _socket: tokio::net::TcpSocket,
+    port: u16,
+}
+
+impl ClosedPort {
+    /// Binds a fresh loopback port without listening on it.
+    pub fn new() -> Self {
+        let socket = tokio::net::TcpSocket::new_v4().expect("a TCP socket");
+        socket
+            .bind("127.0.0.1:0".parse().unwrap())
+            .expect("bind a loopback port");
+        let port = socket.local_addr().unwrap().port();
+        Self {
+            _socket: socket,
+            port,
+        }
+    }
+
+    /// The port's number.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+}
+
+impl Default for ClosedPort {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ClosedPort;
+
+    #[tokio::test]
+    async fn a_closed_port_refuses_connections_and_cannot_be_taken_by_a_server() {
+        let closed = ClosedPort::new();
+        let addr = format!("127.0.0.1:{}", closed.port());
+        let refused = tokio::net::TcpStream::connect(&addr).await.unwrap_err();
+        assert_eq!(refused.kind(), std::io::ErrorKind::ConnectionRefused);
+        assert!(tokio::net::TcpListener::bind(&addr).await.is_err());
+    }
 }
