@@ -41,6 +41,7 @@ mod poison;
 mod producers;
 mod proxy_faults;
 mod readiness;
+mod schedule;
 mod security;
 mod smtp_faults;
 mod soak;

@@ -25,6 +25,12 @@ pub fn write(out: &mut String, w: &Stats, kinds: &[String]) {
         "Deliveries of jobs already sent or dead, acknowledged without sending.",
         w.duplicates.load(Ordering::Relaxed),
     );
+    counter(
+        out,
+        "mailroom_deferred_total",
+        "Deliveries of jobs not due yet (send_at), parked in a delay tier without a claim.",
+        w.deferred.load(Ordering::Relaxed),
+    );
     dead_lettered(out, w);
     unsettled(out, w);
     gauges(out, w);
