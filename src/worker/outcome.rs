@@ -10,6 +10,8 @@ pub enum Outcome {
     Ack { duplicate: bool },
     /// Try again later through the retry tier covering `delay`.
     Retry { delay: Duration, reason: String },
+    /// Not sent on purpose: every `to` address is suppressed (recorded, acked, no dead letter).
+    Suppressed { reason: String },
     /// Not due yet (`send_at` is `until`): parked in the tier of `delay`, unclaimed, with no
     /// attempt counted.
     Defer {

@@ -20,6 +20,7 @@ use super::Worker;
 use super::lease::Deadline;
 use super::outcome::{ErrorClass, Outcome, dead};
 use super::stats::Stats;
+use super::suppress::Screened;
 use crate::broker;
 use crate::config::OnUncertain;
 use crate::db::is_data_error;
@@ -96,6 +97,12 @@ impl Worker {
             // No SMTP session to wait for: the claim only records that it expired.
             return Err(self.expire(delivery, &job).await);
         }
+        let job = match self.screen(job).await? {
+            Screened::Send(job) => job,
+            Screened::Suppressed(job, entry) => {
+                return Err(self.suppressed(delivery, &job, entry).await);
+            }
+        };
         // The SMTP session comes first: a delivery may wait for one as long as the pool is
         // busy, and holds no claim (no lease runs) while it waits.
         let waiting = Instant::now();
@@ -140,20 +147,27 @@ impl Worker {
         }
     }
 
-    /// A job past its `expires_at` before an SMTP session: claimed (a copy of a job already
-    /// sent or dead is refused as a duplicate), then given up as `expired`, never sent.
+    /// A job past its `expires_at` before an SMTP session: given up as `expired`, never sent.
     async fn expire(&self, delivery: &Delivery, job: &ValidJob) -> Outcome {
-        let message_id = self.mailer.message_id(&job.job.job_id, &job.job.kind);
-        let request = match self.claim_request(delivery, job, &message_id).await {
-            Ok(request) => request,
-            Err(outcome) => return outcome,
-        };
-        match self.claim(&request).await {
-            Ok(Claim::Claimed { attempt, token }) => {
-                self.give_up_expired(job, token, attempt).await
-            }
-            Ok(Claim::Refused(existing)) => self.refused(job, existing.as_ref()).await,
+        match self.claim_unsent(delivery, job).await {
+            Ok((attempt, token)) => self.give_up_expired(job, token, attempt).await,
             Err(outcome) => outcome,
+        }
+    }
+
+    /// Claims a job that will not be sent, only recorded (expired, suppressed), with no SMTP
+    /// session to wait for: its attempt and token, or the outcome of a refused claim (a copy of
+    /// a job already sent or dead is a duplicate) or a failed one.
+    pub(super) async fn claim_unsent(
+        &self,
+        delivery: &Delivery,
+        job: &ValidJob,
+    ) -> Result<(i32, Uuid), Outcome> {
+        let message_id = self.mailer.message_id(&job.job.job_id, &job.job.kind);
+        let request = self.claim_request(delivery, job, &message_id).await?;
+        match self.claim(&request).await? {
+            Claim::Claimed { attempt, token } => Ok((attempt, token)),
+            Claim::Refused(existing) => Err(self.refused(job, existing.as_ref()).await),
         }
     }
 

@@ -1,6 +1,6 @@
 //! Acting on an [`Outcome`]: every delivery ends here in exactly one ack, one reject, or one
 //! confirmed republish followed by an ack, and in exactly one log line with its `outcome`
-//! (`sent`, `duplicate`, `retry`, `deferred` at INFO; `requeued`, `dead` at WARN, or ERROR when the dead
+//! (`sent`, `duplicate`, `retry`, `deferred`, `suppressed` at INFO; `requeued`, `dead` at WARN, or ERROR when the dead
 //! letter had to go through the queue's own dead-letter exchange). The delivery span adds
 //! `job_id`, `kind`, `attempt` and, after a send, `smtp_ms` and `smtp_reply`. Rejects are per
 //! delivery (`basic.reject`), never a bulk nack that could drag innocent deliveries along.
@@ -35,6 +35,15 @@ impl Worker {
             Outcome::Ack { duplicate } => self.settle_done(delivery, duplicate).await,
             Outcome::Retry { delay, reason } => {
                 self.settle_retry(publisher, delivery, delay, &reason).await
+            }
+            Outcome::Suppressed { reason } => {
+                tracing::info!(
+                    outcome = "suppressed",
+                    reason = mask_addresses(&reason),
+                    "not sent: suppressed"
+                );
+                Stats::bump(&self.stats.suppressed);
+                self.ack(delivery).await;
             }
             Outcome::Defer { delay, until } => {
                 self.settle_defer(publisher, delivery, delay, until).await

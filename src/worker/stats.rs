@@ -51,6 +51,10 @@ pub struct Stats {
     pub retried: AtomicU64,
     /// Deliveries of jobs not due yet (`send_at`), parked in a delay tier unclaimed.
     pub deferred: AtomicU64,
+    /// Jobs not sent because every `to` address is suppressed.
+    pub suppressed: AtomicU64,
+    /// Addresses suppressed after a hard bounce.
+    pub bounces_suppressed: AtomicU64,
     pub dead_lettered: AtomicU64,
     /// Settle actions the broker may not have seen (ack on a closed channel, failed republish).
     pub unsettled: AtomicU64,
@@ -86,6 +90,7 @@ pub struct Snapshot {
     pub duplicates: u64,
     pub retried: u64,
     pub deferred: u64,
+    pub suppressed: u64,
     pub dead_lettered: u64,
     pub unsettled: u64,
 }
@@ -98,6 +103,8 @@ impl Default for Stats {
             duplicates: AtomicU64::new(0),
             retried: AtomicU64::new(0),
             deferred: AtomicU64::new(0),
+            suppressed: AtomicU64::new(0),
+            bounces_suppressed: AtomicU64::new(0),
             dead_lettered: AtomicU64::new(0),
             unsettled: AtomicU64::new(0),
             given_back: AtomicU64::new(0),
@@ -199,6 +206,7 @@ impl Stats {
             duplicates: get(&self.duplicates),
             retried: get(&self.retried),
             deferred: get(&self.deferred),
+            suppressed: get(&self.suppressed),
             dead_lettered: get(&self.dead_lettered),
             unsettled: get(&self.unsettled),
         }

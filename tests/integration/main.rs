@@ -45,4 +45,5 @@ mod schedule;
 mod security;
 mod smtp_faults;
 mod soak;
+mod suppression;
 mod templates;
