@@ -11,6 +11,7 @@
 mod act;
 mod letter;
 mod list;
+mod query;
 
 use chrono::{DateTime, Utc};
 use maud::{Markup, html};

@@ -124,7 +124,8 @@ pub(in crate::console) async fn confirm(
                 p { "Each is republished to the work queue with confirms, then marked replayed by "
                     strong { (actor(&session)) } ". A job already sent is not sent again." }
             } @else {
-                p { "Each is marked purged by " strong { (actor(&session)) } " and kept until the retention deletes it." }
+                p { "Each is marked purged by " strong { (actor(&session)) }
+                    " and kept until the retention deletes it." }
             }
             form method="post" action=(format!("/console/dead-letters/{}", target.action)) {
                 input type="hidden" name="csrf" value=(session.csrf);
@@ -141,7 +142,10 @@ pub(in crate::console) async fn confirm(
 }
 
 fn refused(console: &Console, session: &Session, why: &str) -> Markup {
-    let content = html! { p.errors role="alert" id="errors" { (why) } a href="/console/dead-letters" { "Back to the dead letters" } };
+    let content = html! {
+        p.errors role="alert" id="errors" { (why) }
+        a href="/console/dead-letters" { "Back to the dead letters" }
+    };
     page(console, session, "Dead letters", content)
 }
 

@@ -53,7 +53,8 @@ pub(in crate::console) async fn letter(
         h2 { "Headers" }
         (headers_markup(&shown))
         h2 { "Original body" }
-        p.muted { (shown.entry.body_size) " bytes" @if shown.entry.truncated { ", only its head kept" } "; addresses masked." }
+        p.muted { (shown.entry.body_size) " bytes"
+            @if shown.entry.truncated { ", only its head kept" } "; addresses masked." }
         pre.body id="body" { (body_text(&shown.job)) }
     };
     page(&console, &session, &title, content)
@@ -146,7 +147,8 @@ fn deaths_markup(deaths: &[Death]) -> Markup {
     }
     html! {
         div.table-wrap { table id="x-death" {
-            thead { tr { th { "Count" } th { "Reason" } th { "Queue" } th { "Exchange" } th { "Time" } th { "Routing keys" } } }
+            thead { tr { th { "Count" } th { "Reason" } th { "Queue" } th { "Exchange" } th { "Time" }
+                th { "Routing keys" } } }
             tbody { @for d in deaths { tr {
                 td { (d.count) } td { (d.reason) } td { (d.queue) } td { (d.exchange) }
                 td { (when(d.time)) } td { (d.routing_keys.join(", ")) }

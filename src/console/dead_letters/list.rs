@@ -10,94 +10,12 @@ use axum::{
 };
 use maud::{Markup, html};
 
+use super::query::{ListQuery, set};
 use super::{Console, Session, letters, no_database, page, table, unavailable, when};
-use crate::dlq::{Class, Cursor, DeadLetters, Entry, Filter, Group, Page, States, parse_since};
+use crate::dlq::{Class, Cursor, DeadLetters, Entry, Filter, Group, Page};
 
 /// Letters on one page.
 const PAGE_SIZE: usize = 50;
-
-/// The query of the list: every field as typed in the filter form (empty means unset).
-#[derive(Clone, Debug, Default, serde::Deserialize)]
-pub(in crate::console) struct ListQuery {
-    #[serde(default)]
-    kind: String,
-    #[serde(default)]
-    class: String,
-    #[serde(default)]
-    since: String,
-    #[serde(default)]
-    until: String,
-    #[serde(default)]
-    state: String,
-    #[serde(default)]
-    text: String,
-    /// A failure group's key (hex).
-    #[serde(default)]
-    group: String,
-    /// The cursor of the page ("older").
-    #[serde(default)]
-    before: String,
-}
-
-fn set(field: &str) -> Option<String> {
-    let field = field.trim();
-    (!field.is_empty()).then(|| field.to_owned())
-}
-
-/// The value of a parsed field, its error noted in `errors`.
-fn take<T>(errors: &mut Vec<String>, parsed: Option<Result<T, String>>) -> Option<T> {
-    match parsed? {
-        Ok(value) => Some(value),
-        Err(e) => {
-            errors.push(e);
-            None
-        }
-    }
-}
-
-impl ListQuery {
-    /// The filter and cursor it names, or what is wrong with it.
-    fn parse(&self) -> Result<(Filter, Option<Cursor>), Vec<String>> {
-        let mut errors = vec![];
-        let e = &mut errors;
-        let filter = Filter {
-            kind: set(&self.kind),
-            class: take(
-                e,
-                set(&self.class).map(|c| c.parse::<Class>().map_err(|e| e.to_string())),
-            ),
-            since: take(e, set(&self.since).map(|s| parse_since(&s))),
-            until: take(e, set(&self.until).map(|s| parse_since(&s))),
-            text: set(&self.text),
-            state: take(e, set(&self.state).map(|s| s.parse::<States>())).unwrap_or_default(),
-        };
-        let cursor = take(e, set(&self.before).map(|c| c.parse::<Cursor>()));
-        if errors.is_empty() {
-            Ok((filter, cursor))
-        } else {
-            Err(errors)
-        }
-    }
-
-    /// This query's URL with `before` set to `cursor`: the next ("older") page.
-    fn older(&self, cursor: &str) -> String {
-        let pairs = [
-            ("kind", &self.kind),
-            ("class", &self.class),
-            ("since", &self.since),
-            ("until", &self.until),
-            ("state", &self.state),
-            ("text", &self.text),
-            ("group", &self.group),
-        ];
-        let mut url = url::form_urlencoded::Serializer::new(String::new());
-        for (name, value) in pairs.iter().filter(|(_, v)| !v.is_empty()) {
-            url.append_pair(name, value);
-        }
-        url.append_pair("before", cursor);
-        format!("/console/dead-letters?{}", url.finish())
-    }
-}
 
 /// `GET /console/dead-letters`.
 pub(in crate::console) async fn list(
@@ -140,7 +58,9 @@ fn groups_markup(groups: &[Group]) -> Markup {
                     @for g in groups {
                         tr data-group=(g.group) {
                             td { (g.class) }
-                            td.reason { a href=(format!("/console/dead-letters?group={}", g.group)) { (g.reason) } }
+                            td.reason {
+                                a href=(format!("/console/dead-letters?group={}", g.group)) { (g.reason) }
+                            }
                             td { (g.count) }
                             td { (when(Some(g.first_seen))) }
                             td { (when(Some(g.last_seen))) }
@@ -191,16 +111,20 @@ fn filter_form(q: &ListQuery) -> Markup {
             div {
                 label for="f-state" { "State" }
                 select id="f-state" name="state" {
-                    @for s in states { option value=(s) selected[q.state == s || (q.state.is_empty() && s == "dead")] { (s) } }
+                    @for s in states {
+                        option value=(s) selected[q.state == s || (q.state.is_empty() && s == "dead")] { (s) }
+                    }
                 }
             }
             div {
                 label for="f-since" { "Since" }
-                input type="text" id="f-since" name="since" value=(q.since) placeholder="2h or 2026-12-01T10:00:00Z";
+                input type="text" id="f-since" name="since" value=(q.since)
+                    placeholder="2h or 2026-12-01T10:00:00Z";
             }
             div {
                 label for="f-until" { "Until" }
-                input type="text" id="f-until" name="until" value=(q.until) placeholder="30m or an RFC 3339 time";
+                input type="text" id="f-until" name="until" value=(q.until)
+                    placeholder="30m or an RFC 3339 time";
             }
             div {
                 label for="f-text" { "Text in reason, recipient or job id" }
@@ -266,33 +190,8 @@ fn row(e: &Entry) -> Markup {
             td { (e.class) }
             td.reason { (e.reason) }
             td { (when(e.failed_at.or(Some(e.ingested_at)))) }
-            td { (e.state) @if let Some(by) = e.replayed_by.as_ref().or(e.purged_by.as_ref()) { " by " (by) } }
+            td { (e.state)
+                @if let Some(by) = e.replayed_by.as_ref().or(e.purged_by.as_ref()) { " by " (by) } }
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_older_link_keeps_every_filter_and_a_bad_one_is_named() {
-        let q = ListQuery {
-            kind: "welcome".into(),
-            text: "a b".into(),
-            ..ListQuery::default()
-        };
-        assert_eq!(
-            q.older("41"),
-            "/console/dead-letters?kind=welcome&text=a+b&before=41"
-        );
-        let bad = ListQuery {
-            class: "nope".into(),
-            since: "yesterday".into(),
-            ..ListQuery::default()
-        };
-        assert_eq!(bad.parse().unwrap_err().len(), 2);
-        let (filter, cursor) = q.parse().unwrap();
-        assert_eq!((filter.state, cursor), (States::Dead, None));
     }
 }
