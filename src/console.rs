@@ -12,6 +12,8 @@
 //! - `layout`: the page around each section, its navigation and the security headers.
 //! - `assets`: htmx and the stylesheet, at content-hashed URLs with a year-long cache.
 //! - `pages`: the sections still to come (Overview, Dead letters, Jobs).
+//! - `dead_letters`: the failure groups and letters, one letter with its email rendered now,
+//!   and replay or purge after a confirmation that states counts.
 //! - `templates`: the list of kinds × locales with their check status, and the editor;
 //!   `preview`: a draft rendered in a scratch copy of the directory; `save`: validation, atomic
 //!   writes and the revision history (`history` renders it with diffs); `files`: reading the
@@ -22,6 +24,7 @@
 
 mod assets;
 mod auth;
+mod dead_letters;
 mod files;
 mod history;
 mod layout;
@@ -53,6 +56,8 @@ pub struct Console {
     live: Option<Arc<LiveTemplates>>,
     keys: session::Keys,
     previews: preview::Cache,
+    /// The broker a replay publishes to; `None`: the Dead letters section cannot replay.
+    replay: Option<dead_letters::ReplayTo>,
     /// Only the Templates section (`templates preview --serve`).
     designer: bool,
 }
@@ -73,8 +78,25 @@ impl Console {
             live: templates,
             keys: session::Keys::new(token),
             previews: preview::Cache::default(),
+            replay: None,
             designer: false,
         }
+    }
+
+    /// The same console, replaying dead letters to `topology`'s exchange at `amqp`, each copy
+    /// sealed with `replay_key` (`None`: the key kept in the database).
+    pub fn replaying_to(
+        mut self,
+        amqp: crate::config::UrlList,
+        topology: crate::broker::Topology,
+        replay_key: Option<crate::dlq::seal::ReplayKey>,
+    ) -> Console {
+        self.replay = Some(dead_letters::ReplayTo {
+            amqp,
+            topology,
+            replay_key,
+        });
+        self
     }
 
     /// The console of `mailroom templates preview --serve`: the Templates section on `dir`,
@@ -86,6 +108,7 @@ impl Console {
             live: None,
             keys: session::Keys::new(None),
             previews: preview::Cache::default(),
+            replay: None,
             designer: true,
         }
     }
@@ -96,7 +119,11 @@ pub fn router(console: Console) -> Router {
     let console = Arc::new(console);
     let guarded = Router::new()
         .route("/console", get(pages::overview))
-        .route("/console/dead-letters", get(pages::dead_letters))
+        .route("/console/dead-letters", get(dead_letters::list))
+        .route("/console/dead-letters/confirm", get(dead_letters::confirm))
+        .route("/console/dead-letters/replay", post(dead_letters::replay))
+        .route("/console/dead-letters/purge", post(dead_letters::purge))
+        .route("/console/dead-letters/{id}", get(dead_letters::letter))
         .route("/console/jobs", get(pages::jobs))
         .route("/console/templates", get(templates::list))
         .route("/console/templates/{kind}/{locale}", get(templates::editor))

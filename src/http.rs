@@ -127,11 +127,18 @@ pub fn router(state: Arc<ApiState>) -> Router {
         .route("/readyz", get(ready::ready))
         .merge(api)
         .with_state(state.clone())
-        .merge(crate::console::router(crate::console::Console::new(
-            Some(state.db.clone()),
-            state.templates.clone(),
-            state.token.as_deref(),
-        )));
+        .merge(crate::console::router(
+            crate::console::Console::new(
+                Some(state.db.clone()),
+                state.templates.clone(),
+                state.token.as_deref(),
+            )
+            .replaying_to(
+                state.amqp.clone(),
+                state.topology.clone(),
+                state.replay_key.clone(),
+            ),
+        ));
     conventions::apply(all)
 }
 

@@ -20,22 +20,6 @@ pub(super) async fn overview(
     placeholder(&console, &session, Section::Overview, "Overview", what)
 }
 
-/// `GET /console/dead-letters`.
-pub(super) async fn dead_letters(
-    State(console): State<Arc<Console>>,
-    Extension(session): Extension<Session>,
-) -> Markup {
-    let what = "failure groups and dead letters with filters, each letter with its job, error \
-                and email, and replay or purge after a confirmation";
-    placeholder(
-        &console,
-        &session,
-        Section::DeadLetters,
-        "Dead letters",
-        what,
-    )
-}
-
 /// `GET /console/jobs`.
 pub(super) async fn jobs(
     State(console): State<Arc<Console>>,

@@ -135,6 +135,11 @@ impl TestApp {
     /// Starts `mailroom serve` as a real process on `http_addr`, with the test's database,
     /// broker and namespace, and `extra`.
     pub fn spawn_serve_process(&self, http_addr: &str, extra: &[&str]) -> Child {
+        self.spawn_serve_process_on(&self.amqp_url, http_addr, extra)
+    }
+
+    /// [`TestApp::spawn_serve_process`] with the broker at `amqp_url` (one that is down, say).
+    pub fn spawn_serve_process_on(&self, amqp_url: &str, http_addr: &str, extra: &[&str]) -> Child {
         Process::new(env!("CARGO_BIN_EXE_mailroom"))
             .args([
                 "serve",
@@ -143,7 +148,7 @@ impl TestApp {
                 "--database-url",
                 &self.db_url,
             ])
-            .args(["--amqp-url", &self.amqp_url, "--namespace", &self.namespace])
+            .args(["--amqp-url", amqp_url, "--namespace", &self.namespace])
             .args(["--retry-delays", TEST_RETRY_DELAYS])
             .args(extra)
             .env_remove("DATABASE_URL")
