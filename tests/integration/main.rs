@@ -13,6 +13,7 @@ mod console;
 mod crash;
 mod data_syntax;
 mod database_refused;
+mod dead_queue;
 mod delivery;
 mod disruptive;
 mod dkim;
