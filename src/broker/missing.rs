@@ -36,6 +36,16 @@ pub fn missing(namespace: &str) -> Vec<(String, String)> {
     })
 }
 
+/// Every part missing in this process, of any namespace, sorted: what `/readyz` and
+/// `/metrics` report.
+pub fn missing_parts() -> Vec<String> {
+    with(|s| {
+        let mut parts: Vec<String> = s.missing.values().flat_map(|m| m.keys().cloned()).collect();
+        parts.sort();
+        parts
+    })
+}
+
 /// Records what one declaration left missing, logging what changed.
 pub(super) fn record(t: &Topology, now: &[Missing]) {
     with(|s| {

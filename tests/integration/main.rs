@@ -46,3 +46,4 @@ mod security;
 mod smtp_faults;
 mod soak;
 mod templates;
+mod topology;
