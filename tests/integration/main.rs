@@ -9,6 +9,7 @@
 mod helpers;
 
 mod binlog;
+mod cluster;
 mod console;
 mod crash;
 mod data_syntax;
