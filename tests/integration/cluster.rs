@@ -14,6 +14,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+use lapin::options::{QueueBindOptions, QueueDeclareOptions, QueueDeleteOptions};
+use lapin::types::FieldTable;
 use tokio::process::Command;
 use tokio::time::Instant;
 
@@ -112,33 +114,19 @@ fn longest_stall(
     longest
 }
 
-#[tokio::test]
-#[ignore = "disruptive: SIGKILLs a node of the scripts/cluster test cluster"]
-async fn disruptive_cluster_work_queue_leader_killed_and_restarted_loses_and_stalls_nothing() {
-    let Some(urls) = cluster_urls() else {
-        eprintln!(
-            "SKIP disruptive_cluster_work_queue_leader_killed_and_restarted: \
-             MAILROOM_TEST_CLUSTER_URLS is not set (start the cluster with scripts/cluster)"
-        );
-        return;
-    };
-    let first = urls.split(',').next().unwrap().to_string();
-    let app = Arc::new(TestApp::spawn_on(first, &[]).await);
-    let layout = quorum_layout(2).await;
-    let (leader, members) = layout[&app.topology.queue].clone();
-    assert_eq!(members, 3, "three replicas of the work queue: {layout:?}");
-    assert_eq!(
-        layout[&app.topology.dead].1, 3,
-        "a quorum dead-letter queue: {layout:?}"
-    );
-    let node: u8 = leader
-        .strip_prefix("rmqc")
-        .and_then(|s| s.split('@').next())
-        .and_then(|n| n.parse().ok())
-        .unwrap_or_else(|| panic!("leader {leader:?}"));
-    let pid = cluster_script(&["--pid", &node.to_string()]).await;
+/// What happened while a node was down.
+struct Outage {
+    sent_in_outage: usize,
+    stall: Duration,
+    restart: Duration,
+}
 
-    let amqp = ["--amqp-url", urls.as_str()];
+/// Starts a relay and two workers on `urls`, commits [`JOBS`] jobs over the run, SIGKILLs node
+/// `node` once 50 are sent, restarts it after [`OUTAGE`]; then checks every job was sent once,
+/// and every queue is empty once the processes stopped.
+async fn kill_node_under_load(app: &Arc<TestApp>, urls: &str, node: u8) -> Outage {
+    let pid = cluster_script(&["--pid", &node.to_string()]).await;
+    let amqp = ["--amqp-url", urls];
     let workers = [
         app.spawn_worker_process(&amqp, &[]),
         app.spawn_worker_process(&amqp, &[]),
@@ -175,24 +163,27 @@ async fn disruptive_cluster_work_queue_leader_killed_and_restarted_loses_and_sta
         .await;
     stop.store(true, Ordering::Relaxed);
     let samples = sampler.await.unwrap();
-    let stall = longest_stall(&samples, killed_at, back_at, JOBS);
-    eprintln!(
-        "cluster: leader {leader} SIGKILLed for {OUTAGE:?} (restart took {:?}); {sent_in_outage} \
-         jobs sent while it was down; longest stall {stall:?}",
-        back_at - restarted_at
-    );
     for i in 0..JOBS {
         let id = app.message_id(&format!("cluster-{i}"), "welcome");
         assert_eq!(app.smtp.count(&id), 1, "cluster-{i} sent once");
     }
     assert_eq!(got.len(), JOBS, "nothing unexpected");
-    assert!(sent_in_outage > 0, "work went on while {leader} was down");
-
     for worker in &workers {
         terminate(worker).await;
     }
     terminate(&relay).await;
-    // The app's own connection went down with the node; look through a new one.
+    assert_queues_empty(app, urls).await;
+    assert_eq!(app.unpublished().await, 0);
+    Outage {
+        sent_in_outage,
+        stall: longest_stall(&samples, killed_at, back_at, JOBS),
+        restart: back_at - restarted_at,
+    }
+}
+
+/// Every queue of the app is empty (read through a new connection: the app's own may have gone
+/// down with a node).
+async fn assert_queues_empty(app: &TestApp, urls: &str) {
     let conn = mailroom::broker::connect(&urls.parse().unwrap(), "cluster test")
         .await
         .unwrap();
@@ -201,15 +192,111 @@ async fn disruptive_cluster_work_queue_leader_killed_and_restarted_loses_and_sta
     queues.extend(t.retry_delays.iter().map(|d| t.retry_queue(*d)));
     for queue in queues {
         let ch = conn.create_channel().await.unwrap();
-        let passive = lapin::options::QueueDeclareOptions {
+        let passive = QueueDeclareOptions {
             passive: true,
             ..Default::default()
         };
         let q = ch
-            .queue_declare(queue.as_str().into(), passive, Default::default())
+            .queue_declare(queue.as_str().into(), passive, FieldTable::default())
             .await
             .unwrap();
         assert_eq!(q.message_count(), 0, "{queue} empty");
     }
-    assert_eq!(app.unpublished().await, 0);
+}
+
+/// The node number of `rmqcN@localhost`.
+fn node_number(name: &str) -> u8 {
+    name.strip_prefix("rmqc")
+        .and_then(|s| s.split('@').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("node {name:?}"))
+}
+
+/// The cluster's URLs, or `None` after saying why the test skips.
+fn cluster_or_skip(test: &str) -> Option<String> {
+    let urls = cluster_urls();
+    if urls.is_none() {
+        eprintln!(
+            "SKIP {test}: MAILROOM_TEST_CLUSTER_URLS is not set (start the cluster with \
+             scripts/cluster; scripts/test then sets it)"
+        );
+    }
+    urls
+}
+
+#[tokio::test]
+#[ignore = "disruptive: SIGKILLs a node of the scripts/cluster test cluster"]
+async fn disruptive_cluster_work_queue_leader_killed_and_restarted_loses_and_stalls_nothing() {
+    let Some(urls) = cluster_or_skip("disruptive_cluster_work_queue_leader_killed") else {
+        return;
+    };
+    let first = urls.split(',').next().unwrap().to_string();
+    let app = Arc::new(TestApp::spawn_on(first, &[]).await);
+    let layout = quorum_layout(2).await;
+    let (leader, members) = layout[&app.topology.queue].clone();
+    assert_eq!(members, 3, "three replicas of the work queue: {layout:?}");
+    assert_eq!(
+        layout[&app.topology.dead].1, 3,
+        "a quorum dead-letter queue: {layout:?}"
+    );
+
+    let outage = kill_node_under_load(&app, &urls, node_number(&leader)).await;
+    eprintln!(
+        "cluster: leader {leader} SIGKILLed for {OUTAGE:?} (restart took {:?}); {} jobs sent \
+         while it was down; longest stall {:?}",
+        outage.restart, outage.sent_in_outage, outage.stall
+    );
+    assert!(
+        outage.sent_in_outage > 0,
+        "work went on while {leader} was down"
+    );
+}
+
+#[tokio::test]
+#[ignore = "disruptive: SIGKILLs a node of the scripts/cluster test cluster"]
+async fn disruptive_cluster_home_node_of_a_classic_dead_queue_killed_stops_nothing() {
+    let Some(urls) = cluster_or_skip("disruptive_cluster_home_node_of_a_classic_dead_queue") else {
+        return;
+    };
+    let nodes: Vec<&str> = urls.split(',').collect();
+    let app = Arc::new(TestApp::spawn_on(nodes[0].to_string(), &[]).await);
+    // An installation not yet migrated: <ns>.dead classic, its home node 2.
+    let on_node_2 = lapin::Connection::connect(nodes[1], Default::default())
+        .await
+        .unwrap();
+    let ch = on_node_2.create_channel().await.unwrap();
+    let t = &app.topology;
+    ch.queue_delete(t.dead.as_str().into(), QueueDeleteOptions::default())
+        .await
+        .unwrap();
+    let durable = QueueDeclareOptions {
+        durable: true,
+        ..Default::default()
+    };
+    ch.queue_declare(t.dead.as_str().into(), durable, FieldTable::default())
+        .await
+        .unwrap();
+    ch.queue_bind(
+        t.dead.as_str().into(),
+        t.dlx.as_str().into(),
+        "".into(),
+        QueueBindOptions::default(),
+        FieldTable::default(),
+    )
+    .await
+    .unwrap();
+    drop(on_node_2);
+
+    // Node 2 first: every process must fail over, and redeclare without the dead queue.
+    let order = [nodes[1], nodes[0], nodes[2]].join(",");
+    let outage = kill_node_under_load(&app, &order, 2).await;
+    eprintln!(
+        "cluster: rmqc2 (home of the classic {}) SIGKILLed for {OUTAGE:?}; {} jobs sent while \
+         it was down; longest stall {:?}",
+        t.dead, outage.sent_in_outage, outage.stall
+    );
+    assert!(
+        outage.sent_in_outage > 0,
+        "work went on without the dead-letter queue"
+    );
 }
