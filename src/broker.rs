@@ -1,11 +1,11 @@
 //! RabbitMQ: connecting (with failover over several nodes), declaring the topology, and
 //! publishing with confirms. Every process calls [`declare_topology`] at start; it is
-//! idempotent.
+//! idempotent, and declares each optional queue on its own ([`declare`]).
 //!
 //! ```text
 //! exchange <ns> (topic) ──#──▶ <ns>.email (quorum, delivery limit, DLX <ns>.dlx)
 //! exchange <ns>.retry (headers) ──x-mailroom-delay=5s──▶ <ns>.retry.5s (quorum, TTL 5s, DLX <ns>)
-//! exchange <ns>.dlx (fanout) ──▶ <ns>.dead (durable, no consumer)
+//! exchange <ns>.dlx (fanout) ──▶ <ns>.dead (quorum; consumed by the dead-letter ingest)
 //! ```
 //! Retry tiers are reached through a headers exchange rather than the default exchange so that
 //! a retried message keeps its routing key (the kind) when it expires back into `<ns>`.
@@ -13,20 +13,24 @@
 use std::time::Duration;
 
 mod connect;
+mod declare;
+pub mod migrate;
+mod missing;
 mod publisher;
 
 pub use connect::{
     Ended, HEALTHY_AFTER, RECONNECT_MAX, RECONNECT_MIN, Reconnect, connect, reconnect_backoff,
     refusal,
 };
+pub use declare::{
+    DeadQueue, Declared, Missing, REPAIR_EVERY, Refused, declare_and_repair, declare_topology,
+};
+pub use missing::{missing, missing_parts};
 pub use publisher::{Publisher, wait_while_blocked};
 
 use lapin::{
-    BasicProperties, Channel, Confirmation, Connection, ConnectionStatus, ExchangeKind,
-    options::{
-        BasicPublishOptions, ConfirmSelectOptions, ExchangeDeclareOptions, QueueBindOptions,
-        QueueDeclareOptions,
-    },
+    BasicProperties, Channel, Confirmation, Connection, ConnectionStatus,
+    options::{BasicPublishOptions, ConfirmSelectOptions},
     types::{AMQPValue, FieldTable, LongString, ShortString},
 };
 
@@ -125,121 +129,6 @@ fn table(entries: &[(&str, AMQPValue)]) -> FieldTable {
 
 fn text(s: &str) -> AMQPValue {
     AMQPValue::LongString(LongString::from(s))
-}
-
-/// Declares every exchange, queue and binding. Safe to call from many processes at once.
-pub async fn declare_topology(ch: &Channel, t: &Topology) -> anyhow::Result<()> {
-    declare_exchanges(ch, t).await?;
-    declare_work_queue(ch, t).await?;
-    declare_queue(ch, &t.dead, durable_queue(), FieldTable::default()).await?;
-    bind(ch, &t.dead, &t.dlx, "", FieldTable::default()).await?;
-    for delay in &t.retry_delays {
-        declare_retry_tier(ch, t, *delay).await?;
-    }
-    Ok(())
-}
-
-fn durable_queue() -> QueueDeclareOptions {
-    QueueDeclareOptions {
-        durable: true,
-        ..Default::default()
-    }
-}
-
-async fn declare_exchanges(ch: &Channel, t: &Topology) -> anyhow::Result<()> {
-    let durable = ExchangeDeclareOptions {
-        durable: true,
-        ..Default::default()
-    };
-    for (name, kind) in [
-        (&t.exchange, ExchangeKind::Topic),
-        (&t.retry_exchange, ExchangeKind::Headers),
-        (&t.dlx, ExchangeKind::Fanout),
-    ] {
-        ch.exchange_declare(name.as_str().into(), kind, durable, FieldTable::default())
-            .await
-            .map_err(|e| anyhow::anyhow!("declaring exchange {name}: {e}"))?;
-    }
-    Ok(())
-}
-
-/// The quorum work queue `<ns>`, bound to every routing key of the exchange.
-async fn declare_work_queue(ch: &Channel, t: &Topology) -> anyhow::Result<()> {
-    // At-least-once dead-lettering (RabbitMQ 3.10+) needs reject-publish overflow.
-    let args = table(&[
-        ("x-queue-type", text("quorum")),
-        ("x-delivery-limit", AMQPValue::LongLongInt(DELIVERY_LIMIT)),
-        ("x-dead-letter-exchange", text(&t.dlx)),
-        ("x-dead-letter-strategy", text("at-least-once")),
-        ("x-overflow", text("reject-publish")),
-    ]);
-    declare_queue(ch, &t.queue, durable_queue(), args).await?;
-    bind(ch, &t.queue, &t.exchange, "#", FieldTable::default()).await
-}
-
-/// One retry tier: a quorum queue whose TTL dead-letters back to the work exchange, bound to
-/// the retry exchange on its delay header.
-async fn declare_retry_tier(ch: &Channel, t: &Topology, delay: Duration) -> anyhow::Result<()> {
-    let label = Topology::delay_label(delay);
-    let queue = t.retry_queue(delay);
-    let args = table(&[
-        ("x-queue-type", text("quorum")),
-        (
-            "x-message-ttl",
-            AMQPValue::LongLongInt(delay.as_millis() as i64),
-        ),
-        ("x-dead-letter-exchange", text(&t.exchange)),
-        ("x-dead-letter-strategy", text("at-least-once")),
-        ("x-overflow", text("reject-publish")),
-    ]);
-    declare_queue(ch, &queue, durable_queue(), args).await?;
-    // `all` ignores headers starting with `x-`, so a binding on `x-mailroom-delay` alone
-    // matched every message and each retry went to every tier (one copy per tier).
-    // `all-with-x` (RabbitMQ 3.10+) compares them; the old binding is removed.
-    let legacy = table(&[("x-match", text("all")), (DELAY_HEADER, text(&label))]);
-    ch.queue_unbind(
-        queue.as_str().into(),
-        t.retry_exchange.as_str().into(),
-        "".into(),
-        legacy,
-    )
-    .await
-    .map_err(|e| anyhow::anyhow!("unbinding the legacy matcher of {queue}: {e}"))?;
-    let matcher = table(&[
-        ("x-match", text("all-with-x")),
-        (DELAY_HEADER, text(&label)),
-    ]);
-    bind(ch, &queue, &t.retry_exchange, "", matcher).await
-}
-
-async fn declare_queue(
-    ch: &Channel,
-    name: &str,
-    opts: QueueDeclareOptions,
-    args: FieldTable,
-) -> anyhow::Result<()> {
-    ch.queue_declare(name.into(), opts, args)
-        .await
-        .map(|_| ())
-        .map_err(|e| anyhow::anyhow!("declaring queue {name}: {e}"))
-}
-
-async fn bind(
-    ch: &Channel,
-    queue: &str,
-    exchange: &str,
-    key: &str,
-    args: FieldTable,
-) -> anyhow::Result<()> {
-    ch.queue_bind(
-        queue.into(),
-        exchange.into(),
-        key.into(),
-        QueueBindOptions::default(),
-        args,
-    )
-    .await
-    .map_err(|e| anyhow::anyhow!("binding {queue} to {exchange}: {e}"))
 }
 
 /// Opens a channel in confirm mode, for publishers.
@@ -377,6 +266,24 @@ pub fn with_headers(props: &BasicProperties, headers: &[(&str, AMQPValue)]) -> B
         merged.insert(ShortString::from(*k), v.clone());
     }
     props.clone().with_headers(merged)
+}
+
+/// Headers a quorum queue adds or changes on each (re)delivery.
+const REDELIVERY_HEADERS: &[&str] = &["x-delivery-count", "x-acquired-count"];
+
+/// `props` without the headers a quorum queue adds on delivery: a letter as it was published
+/// to the dead-letter exchange, whichever queue it was then delivered from.
+pub fn without_redelivery(props: &BasicProperties) -> BasicProperties {
+    let Some(headers) = props.headers() else {
+        return props.clone();
+    };
+    let mut kept = FieldTable::default();
+    for (name, value) in headers.inner() {
+        if !REDELIVERY_HEADERS.contains(&name.as_str()) {
+            kept.insert(name.clone(), value.clone());
+        }
+    }
+    props.clone().with_headers(kept)
 }
 
 /// A string header value.

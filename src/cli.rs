@@ -3,10 +3,11 @@
 //!
 //! The CLI only parses: a process's arguments become its [`crate::startup`] settings, which
 //! build and run it. One file per subcommand (`worker`, `relay`, `serve`, `run`, `publish`,
-//! `enqueue`, `status`, `jobs`, `dlq`, `templates`); here, the arguments several share.
+//! `enqueue`, `status`, `jobs`, `dlq`, `broker`, `templates`); here, the arguments several share.
 
 use clap::{Args, Parser, Subcommand};
 
+mod broker;
 mod dlq;
 mod dlq_print;
 mod enqueue;
@@ -70,6 +71,8 @@ pub enum Command {
     Dlq(dlq::DlqArgs),
     /// The addresses mailroom does not send to: add, remove, check, list.
     Suppressions(suppressions::SuppressionsArgs),
+    /// The broker's queues: move a classic dead-letter queue to a quorum one.
+    Broker(broker::BrokerCommandArgs),
     /// Check every template against its sample data, or preview one.
     Templates(templates::TemplatesArgs),
 }
@@ -145,6 +148,7 @@ impl Cli {
             Command::Jobs(args) => args.run().await,
             Command::Suppressions(args) => args.run().await,
             Command::Dlq(args) => args.run().await,
+            Command::Broker(args) => args.run().await,
             Command::Templates(args) => args.run().await,
         }
     }

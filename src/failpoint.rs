@@ -21,7 +21,9 @@
 //! Points: `worker.before_claim` (decoded, nothing claimed yet), `worker.after_claim`,
 //! `worker.after_smtp_ok`, `worker.after_record`, `worker.before_ack` (every ack: the outcome is
 //! recorded or published, the ack not sent), `relay.after_confirm`, `dlq.after_insert` (a dead
-//! letter's row committed, its ack not sent: [`crate::dlq::ingest`]).
+//! letter's row committed, its ack not sent: [`crate::dlq::ingest`]),
+//! `broker.migrate_mid_drain` (a moved letter's copy confirmed, the original not acked:
+//! [`crate::broker::migrate`]; armed per letter by message id).
 
 /// The environment variable that arms failpoints.
 pub const ENV: &str = "MAILROOM_FAILPOINTS";

@@ -241,7 +241,7 @@ impl Relay {
     ) -> anyhow::Result<()> {
         let s = &self.settings;
         let conn = broker::connect(&s.amqp, &s.name).await?;
-        broker::declare_topology(&conn.create_channel().await?, &s.topology).await?;
+        broker::declare_and_repair(&conn, &s.amqp, &s.topology, &s.name).await?;
         let channel = broker::confirm_channel(&conn).await?;
         // Opened before the first scan, so nothing committed in between is missed.
         let mut wakeup = Wakeup::open(&self.db, s).await?;

@@ -210,9 +210,7 @@ impl Worker {
     async fn connect(&self) -> anyhow::Result<BrokerSession> {
         let s = &self.settings;
         let conn = broker::connect(&s.amqp, &s.name).await?;
-        let setup = conn.create_channel().await?;
-        broker::declare_topology(&setup, &s.topology).await?;
-        let _ = setup.close(200, "declared".into()).await;
+        broker::declare_and_repair(&conn, &s.amqp, &s.topology, &s.name).await?;
         let publisher = broker::Publisher::connect(&s.amqp, &format!("{} publisher", s.name))
             .await
             .context("opening the publisher connection")?;

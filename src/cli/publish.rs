@@ -20,7 +20,7 @@ impl PublishArgs {
         let job = admitted.job();
         let topology = self.broker.topology();
         let conn = broker::connect(&self.broker.amqp_url, "mailroom publish").await?;
-        broker::declare_topology(&conn.create_channel().await?, &topology).await?;
+        broker::declare_topology(&conn, &topology).await?;
         let ch = broker::confirm_channel(&conn).await?;
         let props = broker::job_properties(&job.job_id, &job.kind, 1);
         broker::publish_confirmed(&ch, &topology.exchange, &job.kind, &admitted.body, props)

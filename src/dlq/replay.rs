@@ -70,9 +70,7 @@ impl Replayer {
         key: ReplayKey,
     ) -> anyhow::Result<Replayer> {
         let conn = broker::connect(urls, name).await?;
-        let setup = conn.create_channel().await?;
-        broker::declare_topology(&setup, topology).await?;
-        let _ = setup.close(200, "declared".into()).await;
+        broker::declare_topology(&conn, topology).await?;
         let channel = broker::confirm_channel(&conn).await?;
         Ok(Replayer {
             conn,

@@ -21,9 +21,6 @@ use crate::job::MAX_JOB_BYTES;
 pub const MAX_STORED_BODY: usize = 4 * 1024 * 1024;
 /// How much of an oversize body is kept: enough to read the job it claims to be.
 pub const OVERSIZE_KEPT: usize = MAX_JOB_BYTES;
-/// Headers the broker adds or changes on redelivery: left out of the key, so a letter
-/// delivered twice is one row.
-const REDELIVERY_HEADERS: &[&str] = &["x-delivery-count", "x-acquired-count"];
 /// Longest text stored in the short columns (job id, kind, routing key), in bytes.
 const MAX_SHORT: usize = 200;
 /// Longest reason stored; the whole text stays in the stored headers.
@@ -56,7 +53,7 @@ pub fn new_letter(d: &Delivery) -> NewDeadLetter {
         replays: f.replays,
         exchange: clean(d.exchange.as_str(), 255).into_owned(),
         routing_key: clean(d.routing_key.as_str(), 255).into_owned(),
-        properties: encode_properties(&d.properties),
+        properties: encode_properties(&crate::broker::without_redelivery(&d.properties)),
         body,
         body_size,
     }
@@ -76,18 +73,10 @@ pub fn decode_properties(bytes: &[u8]) -> anyhow::Result<BasicProperties> {
 }
 
 /// SHA-256 of the letter as published to the dead-letter exchange: exchange, routing key,
-/// properties without the [`REDELIVERY_HEADERS`], and body, each length-prefixed.
+/// properties without the headers a redelivery changes ([`crate::broker::without_redelivery`]), and body, each
+/// length-prefixed: a letter delivered twice is one row.
 pub fn letter_key(d: &Delivery) -> Vec<u8> {
-    let mut props = d.properties.clone();
-    if let Some(headers) = d.properties.headers() {
-        let mut kept = lapin::types::FieldTable::default();
-        for (name, value) in headers.inner() {
-            if !REDELIVERY_HEADERS.contains(&name.as_str()) {
-                kept.insert(name.clone(), value.clone());
-            }
-        }
-        props = props.with_headers(kept);
-    }
+    let props = crate::broker::without_redelivery(&d.properties);
     let mut hash = Sha256::new();
     hash.update(b"mailroom dead letter v1\0");
     for part in [

@@ -48,6 +48,7 @@ impl Metrics {
         let mut out = String::new();
         process::build_info(&mut out);
         process::write(&mut out);
+        topology(&mut out);
         if let Some(w) = &self.worker {
             let kinds = self
                 .templates
@@ -102,4 +103,18 @@ fn templates(out: &mut String, t: &LiveTemplates) {
     header(out, name, "gauge", help);
     let revision = t.current().revision().to_owned();
     sample(out, name, &[("revision", &revision)], 1);
+}
+/// `mailroom_topology_missing`: one series per queue this process could not declare (and is
+/// declaring again in the background); no series while the topology is complete.
+fn topology(out: &mut String) {
+    let name = "mailroom_topology_missing";
+    text::header(
+        out,
+        name,
+        "gauge",
+        "Queues (and their bindings) this process could not declare; it works without them and retries.",
+    );
+    for part in crate::broker::missing_parts() {
+        text::sample(out, name, &[("part", &part)], 1);
+    }
 }

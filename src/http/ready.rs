@@ -12,7 +12,9 @@
 //! state ([`Readiness`]): `broker` is `ok` while its session is live and its connection open
 //! (the worker consuming the work queue; the relay with its confirm channel and its database
 //! wake-up source open), and
-//! `database` while its pool answers a ping. The same body, never with details.
+//! `database` while its pool answers a ping. The same body, never with details. A process that
+//! works without a queue it could not declare (a retry tier, the dead-letter queue) stays ready
+//! and adds `"missing": ["queue <name>"]` while it declares it again ([`crate::broker::declare_and_repair`]).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -67,10 +69,16 @@ impl Readiness {
 /// The `/readyz` answer for these checks: `{"status", "checks"}`, `200` or `503`.
 fn answer(checks: &[(&str, bool)]) -> Response {
     let up = checks.iter().all(|(_, ok)| *ok);
-    let body = json!({
+    let mut body = json!({
         "status": if up { "ok" } else { "unavailable" },
         "checks": checks.iter().map(|(name, ok)| (name.to_string(), json!(if *ok { "ok" } else { "down" }))).collect::<Map<String, Value>>(),
     });
+    // Parts of the topology the process works without (still ready), while it declares them
+    // again.
+    let missing = crate::broker::missing_parts();
+    if !missing.is_empty() {
+        body["missing"] = json!(missing);
+    }
     let code = if up {
         StatusCode::OK
     } else {

@@ -9,10 +9,12 @@
 mod helpers;
 
 mod binlog;
+mod cluster;
 mod console;
 mod crash;
 mod data_syntax;
 mod database_refused;
+mod dead_queue;
 mod delivery;
 mod disruptive;
 mod dkim;
@@ -47,3 +49,4 @@ mod smtp_faults;
 mod soak;
 mod suppression;
 mod templates;
+mod topology;

@@ -99,7 +99,7 @@ impl World {
         let conn = Connection::connect(&services.amqp_url, Default::default())
             .await
             .context("connecting to RabbitMQ (is it running? scripts/services)")?;
-        broker::declare_topology(&conn.create_channel().await?, &topology).await?;
+        broker::declare_topology(&conn, &topology).await?;
         let publisher = broker::confirm_channel(&conn).await?;
         Ok(World {
             label: label.to_string(),

@@ -109,8 +109,8 @@ impl Ingester {
         shutdown: &CancellationToken,
         reconnect: &mut broker::Reconnect,
     ) -> Result<(), Ended> {
+        broker::declare_and_repair(conn, &self.urls, &self.topology, &self.name).await?;
         let ch = conn.create_channel().await?;
-        broker::declare_topology(&ch, &self.topology).await?;
         ch.basic_qos(PREFETCH, BasicQosOptions::default()).await?;
         let mut consumer = ch
             .basic_consume(

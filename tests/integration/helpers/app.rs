@@ -71,9 +71,7 @@ impl TestApp {
         let conn = Connection::connect(&amqp_url, Default::default())
             .await
             .expect("RabbitMQ is up (scripts/services)");
-        broker::declare_topology(&conn.create_channel().await.unwrap(), &topology)
-            .await
-            .unwrap();
+        broker::declare_topology(&conn, &topology).await.unwrap();
         let publisher = broker::confirm_channel(&conn).await.unwrap();
         let dir = tempfile::tempdir().unwrap();
         let smtp = SmtpServer::start(dir.path(), smtp_args).await;

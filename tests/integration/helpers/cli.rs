@@ -19,6 +19,11 @@ impl TestApp {
     /// shipped templates, through the environment (so any subcommand takes them); unlike
     /// [`TestApp::cli`], returns the exit status and stderr too, for commands expected to fail.
     pub async fn cli_output(&self, args: &[&str]) -> CliOutput {
+        self.cli_with_env(args, &[]).await
+    }
+
+    /// [`TestApp::cli_output`] with `extra` variables in its environment (a failpoint).
+    pub async fn cli_with_env(&self, args: &[&str], extra: &[(&str, &str)]) -> CliOutput {
         let templates = Path::new(env!("CARGO_MANIFEST_DIR")).join("templates");
         let env = [
             ("AMQP_URL", self.amqp_url.as_str()),
@@ -27,6 +32,7 @@ impl TestApp {
             ("DATABASE_URL", self.db_url.as_str()),
             ("MAILROOM_TEMPLATES", templates.to_str().unwrap()),
         ];
+        let env: Vec<_> = env.iter().chain(extra).copied().collect();
         run_cli(args, &env).await
     }
 }
