@@ -25,8 +25,9 @@ async fn dlq_post(api: &Api, path: &str, body: Value, token: Option<&str>) -> (u
 
 #[tokio::test]
 async fn dead_letters_are_listed_and_replayed_over_http_only_with_the_token() {
-    // The first attempt is refused for good (550): the job is dead-lettered as `rejected`.
-    let app = TestApp::spawn_with(&["--fail", "RCPT:550:1"]).await;
+    // The first attempt is refused for good (554, not an address's fault, so the address is
+    // not suppressed): the job is dead-lettered as `rejected`.
+    let app = TestApp::spawn_with(&["--fail", "RCPT:554:1"]).await;
     let worker = app.start_worker(&[]);
     let ingester = app.start_ingester();
     let api = Api::start(&app).await;

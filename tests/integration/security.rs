@@ -52,11 +52,12 @@ fn worker_log(app: &TestApp) -> String {
 
 #[tokio::test]
 async fn a_forged_replay_marker_does_not_resurrect_a_dead_job_but_mailrooms_replay_does() {
-    let app = TestApp::spawn_with(&["--fail", "RCPT:550:1"]).await;
+    // 554, not a 5.1.1 that would suppress the address and make the genuine replay unsent.
+    let app = TestApp::spawn_with(&["--fail", "RCPT:554:1"]).await;
     let mut worker = app.spawn_worker_process(&[], &[]);
     let job = app.job("forged-replay");
     app.publish(&job).await;
-    eventually("the job dead after its 550", || async {
+    eventually("the job dead after its 554", || async {
         (app.dead_count().await == 1).then_some(())
     })
     .await;
@@ -114,7 +115,7 @@ async fn replay_with_key(app: &TestApp, id: &str, key: &str) -> CliOutput {
 
 #[tokio::test]
 async fn a_configured_replay_key_must_be_the_same_for_the_replay_and_the_worker() {
-    let app = TestApp::spawn_with(&["--fail", "RCPT:550:1"]).await;
+    let app = TestApp::spawn_with(&["--fail", "RCPT:554:1"]).await;
     let key = "k".repeat(40);
     let worker = app.start_worker(&["--replay-key", &key]);
     app.publish(&app.job("keyed")).await;

@@ -223,3 +223,29 @@ async fn the_http_api_puts_shows_lists_and_deletes_entries() {
         .unwrap();
     assert_eq!(gone.status().as_u16(), 404);
 }
+
+#[tokio::test]
+async fn a_replay_honours_the_suppression_list() {
+    // A 5.1.1 bounce suppresses the address; replaying the dead letter does not send to it.
+    let app = TestApp::spawn_with(&["--fail", "RCPT:550:1"]).await;
+    let worker = app.start_worker(&[]);
+    app.publish(&app.job("bounced-then-replayed")).await;
+    worker.stats.wait_until(|s| s.dead_lettered == 1).await;
+    app.cli(&["dlq", "ingest"]).await;
+    app.cli(&["dlq", "replay", "bounced-then-replayed"]).await;
+    worker.stats.wait_until(|s| s.suppressed == 1).await;
+    let out = app
+        .cli(&["status", "bounced-then-replayed", "welcome"])
+        .await;
+    assert!(
+        out.contains("suppressed") && out.contains("hard_bounce"),
+        "{out}"
+    );
+    assert_eq!(
+        app.dead_count().await,
+        0,
+        "replayed, then suppressed: nothing dead"
+    );
+    worker.stop().await;
+    assert!(app.smtp.received().is_empty());
+}

@@ -32,7 +32,7 @@ fn row<'a>(rows: &'a [Entry], job_id: &str) -> &'a Entry {
 }
 
 /// Dead letters made by a real worker: welcome jobs `bounced` (the recorder must answer their
-/// RCPT with 550) and jobs naming no template `unknown`, then ingested into the table.
+/// RCPT with a 554) and jobs naming no template `unknown`, then ingested into the table.
 async fn dead_through_a_worker(
     app: &TestApp,
     worker: &RunningWorker,
@@ -127,7 +127,7 @@ async fn open_group(browser: &Browser, text: &str) {
 
 #[tokio::test]
 async fn a_group_replayed_after_a_confirmation_of_its_count_sends_each_job_once() {
-    let app = TestApp::spawn_with(&["--fail", "RCPT:550:2"]).await;
+    let app = TestApp::spawn_with(&["--fail", "RCPT:554:2"]).await;
     let worker = app.start_worker(&[]);
     let (bounced, unknown) = (["bounced-0", "bounced-1"], ["unknown-0", "unknown-1"]);
     dead_through_a_worker(&app, &worker, &bounced, &unknown).await;
@@ -136,9 +136,9 @@ async fn a_group_replayed_after_a_confirmation_of_its_count_sends_each_job_once(
     console.log_in(&browser, CONSOLE_TOKEN, "Ada").await;
 
     console.open(&browser, "/console/dead-letters").await;
-    let groups = browser.wait_for_text("#groups", "550").await;
+    let groups = browser.wait_for_text("#groups", "554").await;
     assert!(groups.contains("unknown kind"), "two groups: {groups}");
-    open_group(&browser, "550").await;
+    open_group(&browser, "554").await;
     let listed = browser.text("#letters").await;
     assert!(
         listed.contains("bounced-0") && listed.contains("bounced-1"),
@@ -149,7 +149,7 @@ async fn a_group_replayed_after_a_confirmation_of_its_count_sends_each_job_once(
     let question = browser
         .wait_for_text("#question", "Replay 2 dead letters of group")
         .await;
-    assert!(question.contains("550"), "{question}");
+    assert!(question.contains("554"), "{question}");
     assert!(app.smtp.received().is_empty(), "nothing before the POST");
     browser.click("#confirm").await;
     browser

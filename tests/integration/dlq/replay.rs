@@ -1,5 +1,5 @@
 //! Replaying dead rows: exactly the selection moves, each replayed job is then sent once (never
-//! again if it was sent before, once more after a 550), a dry run changes nothing, and a poison
+//! again if it was sent before, once more after a 554), a dry run changes nothing, and a poison
 //! job dead-lettered by the broker lists as `poison` and replays.
 
 use lapin::{Connection, options::*};
@@ -62,8 +62,10 @@ async fn replaying_a_job_already_sent_sends_nothing_more() {
 }
 
 #[tokio::test]
-async fn a_job_dead_after_a_550_gets_one_more_claim_when_replayed_and_is_sent_once() {
-    let app = TestApp::spawn_with(&["--fail", "RCPT:550:1"]).await;
+async fn a_job_dead_after_a_554_gets_one_more_claim_when_replayed_and_is_sent_once() {
+    // 554 (5.0.0), not an unknown address: a 5.1.1 would suppress the address, and the replay
+    // would be recorded suppressed (suppression::a_replay_honours_the_suppression_list).
+    let app = TestApp::spawn_with(&["--fail", "RCPT:554:1"]).await;
     let worker = app.start_worker(&[]);
     app.publish(&app.job("bounced-once")).await;
     worker.stats.wait_until(|s| s.dead_lettered == 1).await;
@@ -79,7 +81,7 @@ async fn a_job_dead_after_a_550_gets_one_more_claim_when_replayed_and_is_sent_on
     assert_eq!(shown[0]["job"]["job_id"], "bounced-once");
     assert_eq!(shown[0]["notification"]["status"], "dead");
     let reason = shown[0]["headers"]["x-mailroom-error"].as_str().unwrap();
-    assert!(reason.contains("550"), "{reason}");
+    assert!(reason.contains("554"), "{reason}");
     let human = app.cli_output(&["dlq", "show", "bounced-once"]).await;
     assert!(
         human.stdout.contains("status      dead (attempts: 1)"),
