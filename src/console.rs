@@ -12,6 +12,8 @@
 //! - `layout`: the page around each section, its navigation and the security headers.
 //! - `assets`: htmx and the stylesheet, at content-hashed URLs with a year-long cache.
 //! - `pages`: the sections still to come (Overview, Dead letters, Jobs).
+//! - `overview`: the pipeline at a glance, refreshed by htmx; `jobs`: the job search;
+//!   `job`: one job's timeline and its email as it renders now.
 //! - `templates`: the list of kinds × locales with their check status, and the editor;
 //!   `preview`: a draft rendered in a scratch copy of the directory; `save`: validation, atomic
 //!   writes and the revision history (`history` renders it with diffs); `files`: reading the
@@ -24,8 +26,11 @@ mod assets;
 mod auth;
 mod files;
 mod history;
+mod job;
+mod jobs;
 mod layout;
 mod live;
+mod overview;
 mod pages;
 mod preview;
 mod save;
@@ -53,6 +58,8 @@ pub struct Console {
     live: Option<Arc<LiveTemplates>>,
     keys: session::Keys,
     previews: preview::Cache,
+    /// The Overview's queue depths and namespace ([`Console::with_pipeline`]).
+    pipeline: Option<overview::Pipeline>,
     /// Only the Templates section (`templates preview --serve`).
     designer: bool,
 }
@@ -73,6 +80,7 @@ impl Console {
             live: templates,
             keys: session::Keys::new(token),
             previews: preview::Cache::default(),
+            pipeline: None,
             designer: false,
         }
     }
@@ -86,6 +94,7 @@ impl Console {
             live: None,
             keys: session::Keys::new(None),
             previews: preview::Cache::default(),
+            pipeline: None,
             designer: true,
         }
     }
@@ -95,9 +104,11 @@ impl Console {
 pub fn router(console: Console) -> Router {
     let console = Arc::new(console);
     let guarded = Router::new()
-        .route("/console", get(pages::overview))
+        .route("/console", get(overview::page))
+        .route("/console/overview", get(overview::refresh))
         .route("/console/dead-letters", get(pages::dead_letters))
-        .route("/console/jobs", get(pages::jobs))
+        .route("/console/jobs", get(jobs::list))
+        .route("/console/jobs/{job_id}/{kind}", get(job::page))
         .route("/console/templates", get(templates::list))
         .route("/console/templates/{kind}/{locale}", get(templates::editor))
         .route(

@@ -118,11 +118,17 @@ pub fn router(state: Arc<ApiState>) -> Router {
         .route("/readyz", get(ready::ready))
         .merge(api)
         .with_state(state.clone())
-        .merge(crate::console::router(crate::console::Console::new(
-            Some(state.db.clone()),
-            state.templates.clone(),
-            state.token.as_deref(),
-        )));
+        .merge(crate::console::router(
+            crate::console::Console::new(
+                Some(state.db.clone()),
+                state.templates.clone(),
+                state.token.as_deref(),
+            )
+            .with_pipeline(
+                state.metrics.queues.clone().map(|q| q as _),
+                &state.topology.exchange,
+            ),
+        ));
     conventions::apply(all)
 }
 

@@ -10,16 +10,6 @@ use super::Console;
 use super::auth::Session;
 use super::layout::{self, Section};
 
-/// `GET /console`.
-pub(super) async fn overview(
-    State(console): State<Arc<Console>>,
-    Extension(session): Extension<Session>,
-) -> Markup {
-    let what = "sent, retried and dead per minute, queue depths, outbox backlog and relay lag, \
-                the SMTP circuit and the workers seen";
-    placeholder(&console, &session, Section::Overview, "Overview", what)
-}
-
 /// `GET /console/dead-letters`.
 pub(super) async fn dead_letters(
     State(console): State<Arc<Console>>,
@@ -34,15 +24,6 @@ pub(super) async fn dead_letters(
         "Dead letters",
         what,
     )
-}
-
-/// `GET /console/jobs`.
-pub(super) async fn jobs(
-    State(console): State<Arc<Console>>,
-    Extension(session): Extension<Session>,
-) -> Markup {
-    let what = "search by job id, recipient, kind, state and time, and each job's timeline";
-    placeholder(&console, &session, Section::Jobs, "Jobs", what)
 }
 
 fn placeholder(

@@ -1,11 +1,14 @@
 //! The console in a real headless Chromium against the real `mailroom serve` / `run` binary:
 //! logging in, editing a template with its live preview, saving it and seeing the next email
 //! use it, a broken edit refused with nothing written, and the designer's preview that follows
-//! the files; [`guards`]: CSRF, headers, no external requests, a phone's width.
+//! the files; [`guards`]: CSRF, headers, no external requests, a phone's width; [`overview`]
+//! and [`jobs`]: the Overview and Jobs sections.
 
 use crate::helpers::*;
 
 mod guards;
+mod jobs;
+mod overview;
 
 /// The `mailroom_template_info` line of a `/metrics` text: the revision in use.
 fn revision_line(metrics: &str) -> Option<String> {

@@ -40,6 +40,22 @@ impl TestApp {
         ConsoleServer::ready(port, templates, process).await
     }
 
+    /// [`TestApp::start_console_serve`] reaching RabbitMQ at `amqp_url` (through a fault proxy).
+    pub async fn start_console_serve_on(&self, amqp_url: &str) -> ConsoleServer {
+        let templates = editable_templates();
+        let port = free_port();
+        let extra = [
+            "--templates",
+            templates.path().to_str().unwrap(),
+            "--api-token",
+            CONSOLE_TOKEN,
+            "--amqp-url",
+            amqp_url,
+        ];
+        let process = self.spawn_serve_process(&format!("127.0.0.1:{port}"), &extra);
+        ConsoleServer::ready(port, templates, process).await
+    }
+
     /// `mailroom run` (relay, worker and API; the worker sends to this test's SMTP recorder)
     /// with a copy of the templates and [`CONSOLE_TOKEN`], once it answers.
     pub async fn start_console_run(&self) -> ConsoleServer {

@@ -133,19 +133,21 @@ impl TestApp {
     }
 
     /// Starts `mailroom serve` as a real process on `http_addr`, with the test's database,
-    /// broker and namespace, and `extra`.
+    /// broker and namespace, and `extra` (`--flag value` pairs; one of those flags replaces it).
     pub fn spawn_serve_process(&self, http_addr: &str, extra: &[&str]) -> Child {
+        let defaults = [
+            ("--http-addr", http_addr),
+            ("--database-url", &self.db_url),
+            ("--amqp-url", &self.amqp_url),
+            ("--namespace", &self.namespace),
+            ("--retry-delays", TEST_RETRY_DELAYS),
+        ];
+        let defaults = defaults
+            .iter()
+            .flat_map(|(f, v)| [f.to_string(), v.to_string()]);
         Process::new(env!("CARGO_BIN_EXE_mailroom"))
-            .args([
-                "serve",
-                "--http-addr",
-                http_addr,
-                "--database-url",
-                &self.db_url,
-            ])
-            .args(["--amqp-url", &self.amqp_url, "--namespace", &self.namespace])
-            .args(["--retry-delays", TEST_RETRY_DELAYS])
-            .args(extra)
+            .arg("serve")
+            .args(with_overrides(defaults.collect(), extra))
             .env_remove("DATABASE_URL")
             .env_remove("MAILROOM_API_TOKEN")
             .stdin(Stdio::null())
