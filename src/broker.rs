@@ -91,6 +91,19 @@ impl Topology {
         format!("{}.{}", self.retry_exchange, Self::delay_label(delay))
     }
 
+    /// The longest tier no longer than `wait`, else the shortest: a job parked until a time
+    /// comes back at or before it (and is parked again for what is left), or at most one
+    /// shortest tier after it when less than that was left.
+    pub fn tier_within(&self, wait: Duration) -> Duration {
+        self.retry_delays
+            .iter()
+            .copied()
+            .filter(|d| *d <= wait)
+            .max()
+            .or_else(|| self.retry_delays.iter().copied().min())
+            .unwrap_or(Duration::from_secs(5))
+    }
+
     /// The shortest tier at least as long as `wanted`, else the longest tier.
     pub fn tier_for(&self, wanted: Duration) -> Duration {
         self.retry_delays
@@ -426,5 +439,17 @@ mod tests {
             t.tier_for(Duration::from_secs(9999)),
             Duration::from_secs(120)
         );
+    }
+
+    #[test]
+    fn a_parked_job_takes_the_longest_tier_that_does_not_overshoot_its_time() {
+        let t = topo();
+        let s = Duration::from_secs;
+        assert_eq!(t.tier_within(s(3600)), s(120));
+        assert_eq!(t.tier_within(s(119)), s(30));
+        assert_eq!(t.tier_within(s(30)), s(30));
+        assert_eq!(t.tier_within(s(6)), s(5));
+        // Less than the shortest tier left: the shortest, at most one tier late.
+        assert_eq!(t.tier_within(Duration::from_millis(200)), s(5));
     }
 }

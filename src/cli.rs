@@ -17,6 +17,7 @@ mod relay;
 mod run;
 mod serve;
 mod status;
+mod suppressions;
 mod templates;
 mod worker;
 
@@ -67,6 +68,8 @@ pub enum Command {
     Jobs(jobs::JobsArgs),
     /// The dead-letter queue: list, show, replay or purge dead letters without losing any.
     Dlq(dlq::DlqArgs),
+    /// The addresses mailroom does not send to: add, remove, check, list.
+    Suppressions(suppressions::SuppressionsArgs),
     /// Check every template against its sample data, or preview one.
     Templates(templates::TemplatesArgs),
 }
@@ -140,6 +143,7 @@ impl Cli {
             Command::Enqueue(args) => args.run().await,
             Command::Status(args) => args.run().await,
             Command::Jobs(args) => args.run().await,
+            Command::Suppressions(args) => args.run().await,
             Command::Dlq(args) => args.run().await,
             Command::Templates(args) => args.run().await,
         }

@@ -11,7 +11,8 @@
 //!   form, the CSRF token every POST carries, and the guard in front of every page.
 //! - `layout`: the page around each section, its navigation and the security headers.
 //! - `assets`: htmx and the stylesheet, at content-hashed URLs with a year-long cache.
-//! - `pages`: the sections still to come (Overview, Dead letters, Jobs).
+//! - `dead_letters`: the failure groups and letters, one letter with its email rendered now,
+//!   and replay or purge after a confirmation that states counts.
 //! - `overview`: the pipeline at a glance, refreshed by htmx; `jobs`: the job search;
 //!   `job`: one job's timeline and its email as it renders now.
 //! - `templates`: the list of kinds × locales with their check status, and the editor;
@@ -24,6 +25,7 @@
 
 mod assets;
 mod auth;
+mod dead_letters;
 mod files;
 mod history;
 mod job;
@@ -31,7 +33,6 @@ mod jobs;
 mod layout;
 mod live;
 mod overview;
-mod pages;
 mod preview;
 mod save;
 mod session;
@@ -58,6 +59,8 @@ pub struct Console {
     live: Option<Arc<LiveTemplates>>,
     keys: session::Keys,
     previews: preview::Cache,
+    /// The broker a replay publishes to; `None`: the Dead letters section cannot replay.
+    replay: Option<dead_letters::ReplayTo>,
     /// The Overview's queue depths and namespace ([`Console::with_pipeline`]).
     pipeline: Option<overview::Pipeline>,
     /// Only the Templates section (`templates preview --serve`).
@@ -80,9 +83,26 @@ impl Console {
             live: templates,
             keys: session::Keys::new(token),
             previews: preview::Cache::default(),
+            replay: None,
             pipeline: None,
             designer: false,
         }
+    }
+
+    /// The same console, replaying dead letters to `topology`'s exchange at `amqp`, each copy
+    /// sealed with `replay_key` (`None`: the key kept in the database).
+    pub fn replaying_to(
+        mut self,
+        amqp: crate::config::UrlList,
+        topology: crate::broker::Topology,
+        replay_key: Option<crate::dlq::seal::ReplayKey>,
+    ) -> Console {
+        self.replay = Some(dead_letters::ReplayTo {
+            amqp,
+            topology,
+            replay_key,
+        });
+        self
     }
 
     /// The console of `mailroom templates preview --serve`: the Templates section on `dir`,
@@ -94,6 +114,7 @@ impl Console {
             live: None,
             keys: session::Keys::new(None),
             previews: preview::Cache::default(),
+            replay: None,
             pipeline: None,
             designer: true,
         }
@@ -106,7 +127,11 @@ pub fn router(console: Console) -> Router {
     let guarded = Router::new()
         .route("/console", get(overview::page))
         .route("/console/overview", get(overview::refresh))
-        .route("/console/dead-letters", get(pages::dead_letters))
+        .route("/console/dead-letters", get(dead_letters::list))
+        .route("/console/dead-letters/confirm", get(dead_letters::confirm))
+        .route("/console/dead-letters/replay", post(dead_letters::replay))
+        .route("/console/dead-letters/purge", post(dead_letters::purge))
+        .route("/console/dead-letters/{id}", get(dead_letters::letter))
         .route("/console/jobs", get(jobs::list))
         .route("/console/jobs/{job_id}/{kind}", get(job::page))
         .route("/console/templates", get(templates::list))

@@ -35,6 +35,7 @@ mod refused;
 pub mod revisions;
 mod rows;
 mod secrets;
+pub mod suppressions;
 
 use std::time::Duration;
 

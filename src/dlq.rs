@@ -33,7 +33,7 @@ use crate::job::mask_addresses;
 pub use browse::{Cursor, Group, Page, Summary};
 pub use class::{Class, UnknownClass};
 pub use letter::Death;
-pub use replay::{Preview, Replayer};
+pub use replay::{CLAIM_TTL, Preview, Replayer};
 pub use selection::{NotOneSelection, Report, Selection, SelectionArgs, default_actor};
 pub use stored::{MAX_STORED_BODY, OVERSIZE_KEPT, decode_properties};
 

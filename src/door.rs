@@ -9,7 +9,8 @@
 //! those bytes with [`EmailJob::decode`], the worker's own function. A door computes the same
 //! canonical bytes and checks them the same way, so "accepted at the door" and "accepted by
 //! the relay and the worker" are one decision. Canonical means: serde_json's compact form of
-//! [`EmailJob`] (fields in declaration order, every default written, object keys sorted),
+//! [`EmailJob`] (fields in declaration order, every default written but an unset `send_at` or
+//! `expires_at`, object keys sorted),
 //! integral numbers from 1e16 up written as integers (PostgreSQL spells them so), no `-0`,
 //! and a fixed point of parse-then-serialise. Numbers outside -2^63..2^64 are refused: a
 //! database may re-spell them into digits that do not parse back to the same value.
@@ -49,9 +50,27 @@ impl Admitted {
     }
 }
 
-/// The one validation: canonical bytes, then the worker's decode of exactly those bytes, then
-/// the kind against `templates` when given. Every error names a field.
+/// The one validation of a new job: refused if its `expires_at` has already passed (it could
+/// never be sent), then [`admit_any`]. Every error names a field.
 pub fn admit(job: EmailJob, templates: Option<&Templates>) -> Result<Admitted, JobError> {
+    if let Some(at) = job.expires_at
+        && at <= chrono::Utc::now()
+    {
+        return Err(invalid(
+            "expires_at",
+            format!(
+                "{} has already passed: the job could never be sent",
+                at.to_rfc3339()
+            ),
+        ));
+    }
+    admit_any(job, templates)
+}
+
+/// Canonical bytes, then the worker's decode of exactly those bytes, then the kind against
+/// `templates` when given. A job that expired since it was written is let through: the worker
+/// records it `expired`, so its status says what became of it.
+fn admit_any(job: EmailJob, templates: Option<&Templates>) -> Result<Admitted, JobError> {
     check_no_nul(&job)?;
     let body = wire_body(job)?;
     let valid = match EmailJob::decode(&body) {
@@ -73,7 +92,7 @@ pub fn admit(job: EmailJob, templates: Option<&Templates>) -> Result<Admitted, J
 /// [`admit`] for text as a database returns it (the relay's view of an outbox row): parsed
 /// whatever its spelling, then admitted like any job.
 pub fn admit_stored(payload: &str, templates: Option<&Templates>) -> Result<Admitted, JobError> {
-    admit(parse(payload.as_bytes())?, templates)
+    admit_any(parse(payload.as_bytes())?, templates)
 }
 
 /// Deserialises a job without validating it, naming the field a shape error is at.

@@ -10,6 +10,7 @@
 //! - `/v1/dlq…`: the dead letters ([`dlq`]): list, groups, show, replay, purge.
 //! - `GET /v1/overview`: the pipeline at a glance ([`overview`]): the last hour per minute, the
 //!   workers, queue depths, the outbox.
+//! - `/v1/suppressions…`: the addresses not sent to ([`suppressions`]): list, show, put, delete.
 //! - `GET /v1/jobs?…` and `GET /v1/jobs/{job_id}/{kind}/timeline`: every job findable, with
 //!   its timeline ([`jobs`]).
 //! - `GET /metrics`: Prometheus text ([`metrics`]).
@@ -34,6 +35,7 @@ pub mod metrics;
 pub mod overview;
 mod problem;
 pub mod ready;
+mod suppressions;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -111,6 +113,13 @@ pub fn router(state: Arc<ApiState>) -> Router {
         )
         .route("/v1/dlq/groups", get(dlq::groups))
         .route("/v1/dlq/{job_id}", get(dlq::show))
+        .route("/v1/suppressions", get(suppressions::list))
+        .route(
+            "/v1/suppressions/{address}",
+            get(suppressions::show)
+                .put(suppressions::put)
+                .delete(suppressions::delete),
+        )
         .route_layer(middleware::from_fn_with_state(state.clone(), require_token));
     let all = Router::new()
         .route("/healthz", get(|| async { "ok" }))
@@ -123,6 +132,11 @@ pub fn router(state: Arc<ApiState>) -> Router {
                 Some(state.db.clone()),
                 state.templates.clone(),
                 state.token.as_deref(),
+            )
+            .replaying_to(
+                state.amqp.clone(),
+                state.topology.clone(),
+                state.replay_key.clone(),
             )
             .with_pipeline(
                 state.metrics.queues.clone().map(|q| q as _),

@@ -51,6 +51,13 @@ pub struct EmailJob {
     pub headers: BTreeMap<String, String>,
     #[serde(default)]
     pub created_at: Option<DateTime<Utc>>,
+    /// Not before: a worker that receives the job earlier parks it in a delay tier, unclaimed,
+    /// until this time.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub send_at: Option<DateTime<Utc>>,
+    /// Not after: a job still unsent at this time is given up as `expired`, never sent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expires_at: Option<DateTime<Utc>>,
 }
 
 fn empty_object() -> serde_json::Value {
@@ -137,6 +144,14 @@ impl EmailJob {
         }
         for (name, value) in &self.headers {
             check_extra_header(name, value)?;
+        }
+        if let (Some(send_at), Some(expires_at)) = (self.send_at, self.expires_at)
+            && expires_at <= send_at
+        {
+            return Err(invalid(
+                "expires_at",
+                format!("{expires_at} is not after send_at {send_at}: the job could never be sent"),
+            ));
         }
         let to = parse_mailboxes("to", &self.to)?;
         let cc = parse_mailboxes("cc", &self.cc)?;

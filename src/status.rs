@@ -1,6 +1,6 @@
 //! What became of a job, from the outbox and the claim ledger together:
 //! `queued → published → sending → sent | failed | uncertain | dead` (and `parked` for an
-//! outbox row the broker kept refusing). Shared by `mailroom status` and the HTTP API.
+//! outbox row the broker kept refusing, `suppressed` for a job to a suppressed address). Shared by `mailroom status` and the HTTP API.
 
 use std::fmt;
 
@@ -8,6 +8,7 @@ use chrono::{DateTime, Utc};
 use serde::Serialize;
 
 use crate::db::outbox::OutboxStatus;
+use crate::db::suppressions::SUPPRESSED;
 use crate::db::{Database, Notification};
 
 /// One job's state.
@@ -15,7 +16,7 @@ use crate::db::{Database, Notification};
 pub struct JobStatus {
     pub job_id: String,
     pub kind: String,
-    /// queued, parked, published, sending, sent, failed, uncertain or dead.
+    /// queued, parked, published, sending, sent, failed, uncertain, dead or suppressed.
     pub state: String,
     pub attempts: i32,
     pub publish_attempts: i32,
@@ -65,6 +66,8 @@ impl JobStatus {
         queued: Option<OutboxStatus>,
     ) -> JobStatus {
         let state = match (&ledger, &queued) {
+            // Not sent on purpose, not a failure: its own state.
+            (Some(n), _) if n.error_class.as_deref() == Some(SUPPRESSED) => SUPPRESSED,
             (Some(n), _) => n.status.as_str(),
             (None, Some(q)) if q.parked => "parked",
             (None, Some(q)) if q.published_at.is_some() => "published",

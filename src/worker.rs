@@ -28,6 +28,7 @@ pub mod retention;
 mod send;
 mod settle;
 pub mod stats;
+mod suppress;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -67,6 +68,8 @@ pub struct WorkerSettings {
     pub lease: Duration,
     pub on_uncertain: OnUncertain,
     pub max_attempts: i32,
+    /// Suppress the address of a one-recipient job refused as an unknown mailbox or domain.
+    pub suppress_bounces: bool,
     /// Settled ledger rows older than this are deleted ([`retention`]); `None` keeps them.
     pub ledger_retention: Option<Duration>,
     /// Claims and records written per group commit at most; 1 writes each alone.

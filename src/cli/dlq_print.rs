@@ -242,6 +242,10 @@ pub(super) fn report(r: &Report) {
         let why: Vec<String> = r.skipped.iter().map(|(w, n)| format!("{n} {w}")).collect();
         let _ = write!(line, ", skipped {skipped} ({})", why.join("; "));
     }
+    if r.claimed_elsewhere > 0 {
+        let n = r.claimed_elsewhere;
+        let _ = write!(line, ", {n} left to another replay running now");
+    }
     println!("{line}");
 }
 

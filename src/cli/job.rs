@@ -4,6 +4,7 @@
 use std::io::Read;
 use std::path::PathBuf;
 
+use chrono::{DateTime, Utc};
 use clap::Args;
 use serde_json::Value;
 
@@ -30,6 +31,13 @@ pub struct JobArgs {
     /// Template locale, e.g. fr.
     #[arg(long)]
     pub locale: Option<String>,
+    /// Not before this time: RFC 3339 (2026-12-24T18:00:00Z) or from now (+10m).
+    #[arg(long, value_parser = parse_time)]
+    pub send_at: Option<DateTime<Utc>>,
+    /// Not after this time: RFC 3339 or from now (+1h); a job still unsent then is given up
+    /// as expired.
+    #[arg(long, value_parser = parse_time)]
+    pub expires_at: Option<DateTime<Utc>>,
     /// Template directory: when given, a kind without a template is refused here instead of
     /// being dead-lettered by the worker.
     #[arg(long, env = "MAILROOM_TEMPLATES")]
@@ -53,7 +61,9 @@ impl JobArgs {
             locale: self.locale.clone(),
             data: self.data.clone(),
             headers: Default::default(),
-            created_at: Some(chrono::Utc::now()),
+            created_at: Some(Utc::now()),
+            send_at: self.send_at,
+            expires_at: self.expires_at,
         };
         let templates = match &self.templates {
             Some(dir) => Some(startup::load_templates(dir)?.1),
@@ -61,6 +71,22 @@ impl JobArgs {
         };
         Ok(door::admit(job, templates.as_ref())?)
     }
+}
+
+/// A time as `--send-at` and `--expires-at` take it: RFC 3339, or `+` and a duration from now.
+pub fn parse_time(arg: &str) -> Result<DateTime<Utc>, String> {
+    if let Some(from_now) = arg.strip_prefix('+') {
+        let d = crate::config::parse_duration(from_now)?;
+        let d = chrono::Duration::from_std(d).map_err(|e| format!("{arg}: {e}"))?;
+        return Utc::now()
+            .checked_add_signed(d)
+            .ok_or_else(|| format!("{arg}: too far ahead"));
+    }
+    DateTime::parse_from_rfc3339(arg)
+        .map(|t| t.with_timezone(&Utc))
+        .map_err(|e| {
+            format!("not a time like 2026-12-24T18:00:00Z (RFC 3339) or +10m (from now): {e}")
+        })
 }
 
 /// `--data` as every command takes it (`enqueue`, `publish`, `templates preview`), the way curl
@@ -127,5 +153,17 @@ mod tests {
             err.starts_with(&format!("{}: not JSON: ", file.display())),
             "{err}"
         );
+    }
+    #[test]
+    fn a_time_is_rfc_3339_or_a_duration_from_now() {
+        let at = parse_time("2026-12-24T18:00:00+01:00").unwrap();
+        assert_eq!(at.to_rfc3339(), "2026-12-24T17:00:00+00:00");
+        let before = chrono::Utc::now();
+        let soon = parse_time("+10m").unwrap();
+        let ahead = soon - before;
+        assert!(ahead >= chrono::Duration::minutes(10), "{ahead}");
+        assert!(ahead < chrono::Duration::minutes(11), "{ahead}");
+        let err = parse_time("tomorrow").unwrap_err();
+        assert!(err.contains("RFC 3339"), "{err}");
     }
 }

@@ -284,6 +284,8 @@ fn eml(
         data,
         headers: Default::default(),
         created_at: None,
+        send_at: None,
+        expires_at: None,
     };
     let job = job.validate()?;
     let domain = match &a.message_id_domain {

@@ -57,6 +57,10 @@ pub struct WorkerArgs {
     /// Attempts (claims) before a transiently failing job is dead-lettered.
     #[arg(long, env = "MAILROOM_MAX_ATTEMPTS", default_value_t = 8)]
     pub max_attempts: i32,
+    /// Suppress the address of a one-recipient job the SMTP server refused for good as an
+    /// unknown mailbox or domain (5.1.1, 5.1.2, 5.1.10): later jobs to it are not sent.
+    #[arg(long, env = "MAILROOM_SUPPRESS_BOUNCES", default_value_t = true, action = clap::ArgAction::Set)]
+    pub suppress_bounces: bool,
     /// Deliveries processed at once.
     #[arg(long, env = "MAILROOM_CONCURRENCY", default_value_t = 32)]
     pub concurrency: usize,
@@ -115,6 +119,7 @@ impl WorkerArgs {
             lease: self.lease,
             smtp_timeout: self.smtp_timeout,
             max_attempts: self.max_attempts,
+            suppress_bounces: self.suppress_bounces,
             dkim: self.dkim_key.clone().map(|key| startup::DkimConfig {
                 key,
                 selector: self.dkim_selector.clone().unwrap_or_default(),

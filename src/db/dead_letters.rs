@@ -47,27 +47,45 @@ impl Database {
         }
     }
 
-    /// After a replay's publish: marks the `dead` row `id` replayed by `by` with `result` when
-    /// `published`, else only notes `result` (it stays dead). Whether the row was still dead.
+    /// Before a replay's publish: claims the `dead` row `id` for the replay `token` for `ttl`,
+    /// unless another replay holds a live claim on it (a claim older than its `ttl` is taken
+    /// over: its replay crashed). One atomic UPDATE on both engines; whether this call claimed.
+    pub async fn claim_dead_letter(
+        &self,
+        id: i64,
+        token: &str,
+        ttl: std::time::Duration,
+    ) -> sqlx::Result<bool> {
+        let secs = ttl.as_secs_f64();
+        match self {
+            Database::Postgres(pool) => postgres::dead_letters::claim(pool, id, token, secs).await,
+            Database::MySql(pool) => mysql::dead_letters::claim(pool, id, token, secs).await,
+        }
+    }
+
+    /// After a replay's publish: marks the `dead` row `id` claimed by `token` replayed by `by`
+    /// with `result` when `published`, else only notes `result` (it stays dead); either way the
+    /// claim is released. Whether the row was still dead and claimed by `token`.
     pub async fn mark_dead_letter_replay(
         &self,
         id: i64,
+        token: &str,
         by: &str,
         result: &str,
         published: bool,
     ) -> sqlx::Result<bool> {
         match self {
             Database::Postgres(pool) => {
-                postgres::dead_letters::mark_replay(pool, id, by, result, published).await
+                postgres::dead_letters::mark_replay(pool, id, token, by, result, published).await
             }
             Database::MySql(pool) => {
-                mysql::dead_letters::mark_replay(pool, id, by, result, published).await
+                mysql::dead_letters::mark_replay(pool, id, token, by, result, published).await
             }
         }
     }
 
-    /// Marks the `dead` rows among `ids` purged by `by`, or, with `delete`, deletes every row
-    /// of `ids`. How many rows changed.
+    /// Marks the `dead` rows among `ids` purged by `by` (not those a replay holds a live claim
+    /// on), or, with `delete`, deletes every row of `ids`. How many rows changed.
     pub async fn purge_dead_letters(
         &self,
         ids: &[i64],

@@ -214,7 +214,7 @@ pub(super) async fn release(
 
 const NOTIFICATION: &str = "
 SELECT CAST(job_id AS CHAR CHARACTER SET utf8mb4) AS job_id, kind, status, attempts, message_id, smtp_reply, last_error,
-       created_at, updated_at, sent_at, template_revision
+       created_at, updated_at, sent_at, template_revision, error_class
 FROM sent_notifications WHERE job_id = ? AND kind = ?";
 
 pub(super) async fn notification(

@@ -155,7 +155,7 @@ pub(super) async fn release(
 
 const NOTIFICATION: &str = "
 SELECT job_id, kind, status, attempts, message_id, smtp_reply, last_error,
-       created_at, updated_at, sent_at, template_revision
+       created_at, updated_at, sent_at, template_revision, error_class
 FROM sent_notifications WHERE job_id = $1 AND kind = $2";
 
 pub(super) async fn notification(

@@ -125,6 +125,8 @@ pub struct Notification {
     pub sent_at: Option<chrono::DateTime<chrono::Utc>>,
     /// Revision (content hash) of the template set that rendered the sent email.
     pub template_revision: Option<String>,
+    /// Why a `dead` or `uncertain` row was given up (`rejected`, `expired`, `suppressed`, …).
+    pub error_class: Option<String>,
 }
 
 /// The result to record after an attempt.

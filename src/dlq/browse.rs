@@ -129,8 +129,21 @@ impl DeadLetters {
         cursor: Option<Cursor>,
         limit: usize,
     ) -> anyhow::Result<Page> {
+        self.list_in(filter, None, cursor, limit).await
+    }
+
+    /// [`DeadLetters::list`] within one failure group (its hex key) when `group` names one; a
+    /// malformed key takes nothing.
+    pub async fn list_in(
+        &self,
+        filter: &Filter,
+        group: Option<&str>,
+        cursor: Option<Cursor>,
+        limit: usize,
+    ) -> anyhow::Result<Page> {
         let limit = limit.clamp(1, MAX_PAGE);
         let mut q = query(filter);
+        q.group_key = group.map(|g| hex::decode(g).unwrap_or_else(|_| vec![0xff]));
         q.before = cursor.map(|c| c.0);
         q.limit = Some(limit as i64 + 1);
         let mut rows = self

@@ -22,6 +22,8 @@ pub enum Class {
     Exhausted,
     /// Perhaps sent: the policy is to let a person decide.
     Uncertain,
+    /// Still unsent at its `expires_at`: never sent.
+    Expired,
     /// RabbitMQ's delivery limit: a job that kept crashing or stalling workers.
     Poison,
     /// Dead-lettered by RabbitMQ for another reason (a worker's reject without requeue).
@@ -32,12 +34,13 @@ pub enum Class {
 
 impl Class {
     /// Every class, in the order help texts list them.
-    pub const ALL: [Class; 8] = [
+    pub const ALL: [Class; 9] = [
         Class::Invalid,
         Class::Template,
         Class::Rejected,
         Class::Exhausted,
         Class::Uncertain,
+        Class::Expired,
         Class::Poison,
         Class::Broker,
         Class::Unknown,
@@ -51,6 +54,7 @@ impl Class {
             Class::Rejected => "rejected",
             Class::Exhausted => "exhausted",
             Class::Uncertain => "uncertain",
+            Class::Expired => "expired",
             Class::Poison => "poison",
             Class::Broker => "broker",
             Class::Unknown => "unknown",
@@ -65,6 +69,7 @@ impl Class {
             Class::Rejected => "refused for good by the SMTP server (5xx)",
             Class::Exhausted => "transient failures until the attempts ran out",
             Class::Uncertain => "perhaps sent; left for a person to decide",
+            Class::Expired => "still unsent at its expires_at; never sent",
             Class::Poison => "over RabbitMQ's delivery limit (crashed or stalled workers)",
             Class::Broker => "dead-lettered by RabbitMQ for another reason",
             Class::Unknown => "no class header and no x-death record",
@@ -121,7 +126,7 @@ mod tests {
         assert_eq!(
             err.to_string(),
             "unknown class \"bogus\"; the classes are: invalid, template, rejected, exhausted, \
-             uncertain, poison, broker, unknown"
+             uncertain, expired, poison, broker, unknown"
         );
         assert!("Template".parse::<Class>().is_err(), "names are exact");
     }

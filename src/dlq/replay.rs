@@ -1,9 +1,17 @@
 //! Replaying dead rows, and the dry run that says what a replay would send. A replay
-//! republishes each stored letter through the main exchange with confirms (the failure headers
+//! *claims* each row (one atomic UPDATE that sets its token where no live claim is held),
+//! republishes the stored letter through the main exchange with confirms (the failure headers
 //! dropped, `x-mailroom-replay` counted, the copy sealed with [`seal`]), *then* marks its row
-//! replayed (who, when, result). A crash between the confirm and the mark leaves the row `dead`,
-//! so the next replay publishes it again: at-least-once, and harmless, because the worker's
-//! ledger claims `(job_id, kind)` once and a `sent` row is never sent again.
+//! replayed (who, when, result) where its claim still stands.
+//!
+//! The claim is why two replays at once (two operators, the CLI and the console) publish each
+//! row once: the second finds the row claimed, or no longer dead, and leaves it to the first
+//! (counted in [`Report::claimed_elsewhere`]). A claim rather than `SELECT … FOR UPDATE SKIP
+//! LOCKED`: no transaction or pooled connection is held across the broker's confirm, and it
+//! works the same on both engines. A crash between the claim and the mark leaves the row `dead`
+//! with a claim that expires after [`CLAIM_TTL`]; the next replay then publishes it again:
+//! at-least-once, and harmless, because the worker's ledger claims `(job_id, kind)` once and a
+//! `sent` row is never sent again.
 
 use anyhow::Context;
 use lapin::{Channel, Connection};
@@ -20,6 +28,11 @@ use crate::render::Templates;
 
 /// Rows read per round of a replay: bounds the memory a whole-table selection takes.
 const BATCH: i64 = 200;
+
+/// How long a replay's claim on one row holds: far beyond one publish and its confirm
+/// ([`broker::CONFIRM_TIMEOUT`], plus reopening a channel), so a running replay never loses a
+/// claim, while a row left claimed by a crashed replay is replayable again five minutes later.
+pub const CLAIM_TTL: std::time::Duration = std::time::Duration::from_secs(300);
 
 /// What replaying one dead letter would send, rendered with today's templates.
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -92,8 +105,9 @@ impl Replayer {
 }
 
 impl DeadLetters {
-    /// Republishes the selected dead rows through `replayer`, each marked replayed by `by`
-    /// after its confirm. Returns the report even when it stops early (`interrupted`).
+    /// Republishes the selected dead rows through `replayer`, each claimed first and marked
+    /// replayed by `by` after its confirm; rows another replay holds are left to it. Returns
+    /// the report even when it stops early (`interrupted`).
     pub async fn replay(
         &self,
         selection: &Selection,
@@ -101,6 +115,7 @@ impl DeadLetters {
         by: &str,
     ) -> anyhow::Result<Report> {
         let mut report = Report::default();
+        let token = uuid::Uuid::new_v4().simple().to_string();
         let mut q = selection.query();
         q.payload = true;
         q.limit = Some(BATCH);
@@ -113,7 +128,17 @@ impl DeadLetters {
                 q.before = Some(last.id);
                 for r in &rows {
                     report.examined += 1;
-                    self.replay_one(r, replayer, by, &mut report).await?;
+                    let claimed = self
+                        .db
+                        .claim_dead_letter(r.id, &token, CLAIM_TTL)
+                        .await
+                        .with_context(|| format!("claiming dead letter {}", r.id))?;
+                    if !claimed {
+                        report.claimed_elsewhere += 1;
+                        continue;
+                    }
+                    self.replay_one(r, replayer, (&token, by), &mut report)
+                        .await?;
                 }
             }
         }
@@ -128,7 +153,7 @@ impl DeadLetters {
         &self,
         r: &DeadLetterRow,
         replayer: &mut Replayer,
-        by: &str,
+        (token, by): (&str, &str),
         report: &mut Report,
     ) -> anyhow::Result<()> {
         let outcome = if r.body_size > r.body.len() as i64 {
@@ -146,10 +171,14 @@ impl DeadLetters {
         let result = outcome
             .as_ref()
             .map_or_else(String::clone, |()| "published".into());
-        self.db
-            .mark_dead_letter_replay(r.id, by, &result, outcome.is_ok())
+        let marked = self
+            .db
+            .mark_dead_letter_replay(r.id, token, by, &result, outcome.is_ok())
             .await
             .with_context(|| format!("marking dead letter {} replayed", r.id))?;
+        if !marked {
+            tracing::warn!(id = r.id, job_id = %r.job_id, "replay: the claim expired before the mark");
+        }
         match outcome {
             Ok(()) => {
                 report.moved += 1;

@@ -129,6 +129,9 @@ pub struct Report {
     pub deleted: usize,
     /// Selected rows left `dead`, counted by why (`publish failed: …`, `oversize …`).
     pub skipped: BTreeMap<String, usize>,
+    /// Selected rows another replay running at the same time claimed (or already replayed):
+    /// left to it, so that each row is published once.
+    pub claimed_elsewhere: usize,
     /// Why it stopped early, if it did; the rows not reached stay `dead`.
     pub interrupted: Option<String>,
     /// The row ids acted on.
@@ -160,6 +163,16 @@ pub fn default_actor() -> String {
 }
 
 impl DeadLetters {
+    /// How many dead rows `selection` takes now (what a confirmation states).
+    pub async fn count(&self, selection: &Selection) -> anyhow::Result<i64> {
+        let by_kind = self
+            .db
+            .dead_letters_by_kind(&selection.query())
+            .await
+            .context("counting the selected dead letters")?;
+        Ok(by_kind.iter().map(|(_, n)| n).sum())
+    }
+
     /// Marks the selected dead rows purged by `by`, or deletes them (`delete`).
     pub async fn purge(
         &self,

@@ -111,3 +111,41 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn a_new_job_already_past_its_expiry_is_refused_and_a_stored_one_is_let_through() {
+    let mut v = base();
+    v["expires_at"] = json!("2020-01-01T00:00:00Z");
+    let err = admit(job(v.clone()), None).unwrap_err();
+    assert_eq!(field_of(err), "expires_at");
+    // The relay's view of a row that expired while it waited: the worker records it expired.
+    let relayed = admit_stored(&v.to_string(), None).unwrap();
+    assert!(relayed.job().expires_at.is_some());
+}
+
+#[test]
+fn a_schedule_survives_the_canonical_bytes_and_an_unset_one_adds_nothing() {
+    let mut v = base();
+    v["send_at"] = json!("2099-01-01T00:00:00+01:00");
+    v["expires_at"] = json!("2099-01-02T00:00:00Z");
+    let admitted = admit(job(v), None).unwrap();
+    let decoded = EmailJob::decode(&admitted.body).unwrap().job;
+    assert_eq!(
+        decoded.send_at.unwrap().to_rfc3339(),
+        "2098-12-31T23:00:00+00:00"
+    );
+    let plain = admit(job(base()), None).unwrap();
+    let text = String::from_utf8(plain.body).unwrap();
+    assert!(
+        !text.contains("send_at") && !text.contains("expires_at"),
+        "{text}"
+    );
+}
+
+#[test]
+fn a_job_that_expires_before_it_is_due_is_refused_naming_expires_at() {
+    let mut v = base();
+    v["send_at"] = json!("2099-01-02T00:00:00Z");
+    v["expires_at"] = json!("2099-01-02T00:00:00Z");
+    assert_eq!(field_of(admit(job(v), None).unwrap_err()), "expires_at");
+}

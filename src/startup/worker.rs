@@ -39,6 +39,8 @@ pub struct WorkerConfig {
     pub lease: Duration,
     pub smtp_timeout: Duration,
     pub max_attempts: i32,
+    /// Suppress an address the SMTP server refused as unknown.
+    pub suppress_bounces: bool,
     /// `None` keeps every ledger row.
     pub ledger_retention: Option<Duration>,
     pub concurrency: usize,
@@ -158,6 +160,7 @@ fn worker_settings(config: &WorkerConfig, concurrency: usize, prefetch: u16) -> 
         lease: config.lease,
         on_uncertain: config.on_uncertain,
         max_attempts: config.max_attempts.max(1),
+        suppress_bounces: config.suppress_bounces,
         ledger_retention: config.ledger_retention,
         ledger_group: config.ledger_group.max(1),
         shutdown_grace: config.shutdown_grace,

@@ -10,6 +10,14 @@ pub enum Outcome {
     Ack { duplicate: bool },
     /// Try again later through the retry tier covering `delay`.
     Retry { delay: Duration, reason: String },
+    /// Not sent on purpose: every `to` address is suppressed (recorded, acked, no dead letter).
+    Suppressed { reason: String },
+    /// Not due yet (`send_at` is `until`): parked in the tier of `delay`, unclaimed, with no
+    /// attempt counted.
+    Defer {
+        delay: Duration,
+        until: chrono::DateTime<chrono::Utc>,
+    },
     /// Give up: to the dead-letter queue with a reason an operator can act on.
     DeadLetter {
         class: ErrorClass,
@@ -31,19 +39,23 @@ pub enum ErrorClass {
     Exhausted,
     /// It may have been sent, and the policy is to let a human decide.
     Uncertain,
+    /// Still unsent at its `expires_at`: given up, never sent.
+    Expired,
 }
 
 impl ErrorClass {
+    /// Every class the worker writes.
+    pub const ALL: [ErrorClass; 6] = [
+        ErrorClass::Invalid,
+        ErrorClass::Template,
+        ErrorClass::Rejected,
+        ErrorClass::Exhausted,
+        ErrorClass::Uncertain,
+        ErrorClass::Expired,
+    ];
+
     pub fn parse(s: &str) -> Option<ErrorClass> {
-        [
-            ErrorClass::Invalid,
-            ErrorClass::Template,
-            ErrorClass::Rejected,
-            ErrorClass::Exhausted,
-            ErrorClass::Uncertain,
-        ]
-        .into_iter()
-        .find(|c| c.as_str() == s)
+        Self::ALL.into_iter().find(|c| c.as_str() == s)
     }
 
     pub fn as_str(self) -> &'static str {
@@ -53,6 +65,7 @@ impl ErrorClass {
             ErrorClass::Rejected => "rejected",
             ErrorClass::Exhausted => "exhausted",
             ErrorClass::Uncertain => "uncertain",
+            ErrorClass::Expired => "expired",
         }
     }
 }

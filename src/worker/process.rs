@@ -12,6 +12,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use backon::{BackoffBuilder, ExponentialBuilder};
+use chrono::{DateTime, Utc};
 use lapin::message::Delivery;
 use uuid::Uuid;
 
@@ -19,6 +20,7 @@ use super::Worker;
 use super::lease::Deadline;
 use super::outcome::{ErrorClass, Outcome, dead};
 use super::stats::Stats;
+use super::suppress::Screened;
 use crate::broker;
 use crate::config::OnUncertain;
 use crate::db::is_data_error;
@@ -87,6 +89,20 @@ impl Worker {
             Err(reason) => return Err(self.refuse(&delivery.data, reason).await),
         };
         failpoint::hit_job("worker.before_claim", &job.job.job_id).await;
+        let now = Utc::now();
+        if let Some(until) = job.job.send_at.filter(|at| *at > now) {
+            return Err(self.defer(until, now));
+        }
+        if job.job.expires_at.is_some_and(|at| at <= now) {
+            // No SMTP session to wait for: the claim only records that it expired.
+            return Err(self.expire(delivery, &job).await);
+        }
+        let job = match self.screen(job).await? {
+            Screened::Send(job) => job,
+            Screened::Suppressed(job, entry) => {
+                return Err(self.suppressed(delivery, &job, entry).await);
+            }
+        };
         // The SMTP session comes first: a delivery may wait for one as long as the pool is
         // busy, and holds no claim (no lease runs) while it waits.
         let waiting = Instant::now();
@@ -119,6 +135,51 @@ impl Worker {
                 Err(self.refused(&job, existing.as_ref()).await)
             }
         }
+    }
+
+    /// A job not due yet: parked in the longest tier that does not overshoot `until`, with no
+    /// claim taken and no attempt counted.
+    fn defer(&self, until: DateTime<Utc>, now: DateTime<Utc>) -> Outcome {
+        let wait = (until - now).to_std().unwrap_or_default();
+        Outcome::Defer {
+            delay: self.settings.topology.tier_within(wait),
+            until,
+        }
+    }
+
+    /// A job past its `expires_at` before an SMTP session: given up as `expired`, never sent.
+    async fn expire(&self, delivery: &Delivery, job: &ValidJob) -> Outcome {
+        match self.claim_unsent(delivery, job).await {
+            Ok((attempt, token)) => self.give_up_expired(job, token, attempt).await,
+            Err(outcome) => outcome,
+        }
+    }
+
+    /// Claims a job that will not be sent, only recorded (expired, suppressed), with no SMTP
+    /// session to wait for: its attempt and token, or the outcome of a refused claim (a copy of
+    /// a job already sent or dead is a duplicate) or a failed one.
+    pub(super) async fn claim_unsent(
+        &self,
+        delivery: &Delivery,
+        job: &ValidJob,
+    ) -> Result<(i32, Uuid), Outcome> {
+        let message_id = self.mailer.message_id(&job.job.job_id, &job.job.kind);
+        let request = self.claim_request(delivery, job, &message_id).await?;
+        match self.claim(&request).await? {
+            Claim::Claimed { attempt, token } => Ok((attempt, token)),
+            Claim::Refused(existing) => Err(self.refused(job, existing.as_ref()).await),
+        }
+    }
+
+    /// Gives up on a claimed job whose `expires_at` has passed.
+    async fn give_up_expired(&self, job: &ValidJob, token: Uuid, attempt: i32) -> Outcome {
+        let at = job
+            .job
+            .expires_at
+            .map_or_else(String::new, |at| at.to_rfc3339());
+        let reason = format!("expired at {at} before it could be sent; not sent");
+        self.give_up(job, token, attempt, ErrorClass::Expired, reason)
+            .await
     }
 
     /// Decodes and validates the job and takes this delivery's template snapshot; `Err` is the
@@ -215,6 +276,10 @@ impl Worker {
             return self
                 .give_up(job, token, attempt, ErrorClass::Exhausted, reason)
                 .await;
+        }
+        // It may have expired while it waited for its SMTP session.
+        if job.job.expires_at.is_some_and(|at| at <= Utc::now()) {
+            return self.give_up_expired(job, token, attempt).await;
         }
         self.send_claimed(job, claimed, session, templates).await
     }

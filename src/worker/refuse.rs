@@ -51,6 +51,8 @@ pub(super) fn readable_key(body: &[u8]) -> Option<(String, String)> {
         data: serde_json::json!({}),
         headers: Default::default(),
         created_at: None,
+        send_at: None,
+        expires_at: None,
     };
     let valid = probe.validate().ok()?;
     Some((valid.job.job_id, valid.job.kind))

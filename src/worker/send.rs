@@ -136,6 +136,7 @@ impl Worker {
     ) -> Outcome {
         match error {
             SendError::Permanent { reason } => {
+                self.suppress_bounced(job, &reason).await;
                 self.give_up(job, token, attempt, ErrorClass::Rejected, reason)
                     .await
             }

@@ -1,6 +1,6 @@
 //! Acting on an [`Outcome`]: every delivery ends here in exactly one ack, one reject, or one
 //! confirmed republish followed by an ack, and in exactly one log line with its `outcome`
-//! (`sent`, `duplicate`, `retry` at INFO; `requeued`, `dead` at WARN, or ERROR when the dead
+//! (`sent`, `duplicate`, `retry`, `deferred`, `suppressed` at INFO; `requeued`, `dead` at WARN, or ERROR when the dead
 //! letter had to go through the queue's own dead-letter exchange). The delivery span adds
 //! `job_id`, `kind`, `attempt` and, after a send, `smtp_ms` and `smtp_reply`. Rejects are per
 //! delivery (`basic.reject`), never a bulk nack that could drag innocent deliveries along.
@@ -35,6 +35,18 @@ impl Worker {
             Outcome::Ack { duplicate } => self.settle_done(delivery, duplicate).await,
             Outcome::Retry { delay, reason } => {
                 self.settle_retry(publisher, delivery, delay, &reason).await
+            }
+            Outcome::Suppressed { reason } => {
+                tracing::info!(
+                    outcome = "suppressed",
+                    reason = mask_addresses(&reason),
+                    "not sent: suppressed"
+                );
+                Stats::bump(&self.stats.suppressed);
+                self.ack(delivery).await;
+            }
+            Outcome::Defer { delay, until } => {
+                self.settle_defer(publisher, delivery, delay, until).await
             }
             Outcome::DeadLetter {
                 class,
@@ -101,6 +113,48 @@ impl Worker {
             }
             Err(e) => {
                 tracing::warn!(outcome = "requeued", error = %e, reason = mask_addresses(reason), "cannot schedule the retry; returning the delivery to the queue");
+                self.reject(delivery, true).await;
+            }
+        }
+    }
+
+    /// Parks a job that is not due in the tier of `delay` (confirmed), its attempt count and
+    /// last error unchanged, then acks; if the publish fails, the delivery goes back to the
+    /// queue instead.
+    async fn settle_defer(
+        &self,
+        publisher: &broker::Publisher,
+        delivery: &Delivery,
+        delay: Duration,
+        until: chrono::DateTime<chrono::Utc>,
+    ) {
+        let props = broker::with_headers(
+            &delivery.properties,
+            &[(
+                broker::DELAY_HEADER,
+                broker::text_value(&Topology::delay_label(delay)),
+            )],
+        );
+        let exchange = &self.settings.topology.retry_exchange;
+        let key = delivery.routing_key.as_str();
+        match publisher
+            .publish(exchange, key, &delivery.data, props)
+            .await
+        {
+            Ok(()) => {
+                let delay_ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX);
+                let send_at = until.to_rfc3339();
+                tracing::info!(
+                    outcome = "deferred",
+                    delay_ms,
+                    send_at,
+                    "not due yet; parked"
+                );
+                Stats::bump(&self.stats.deferred);
+                self.ack(delivery).await;
+            }
+            Err(e) => {
+                tracing::warn!(outcome = "requeued", error = %e, "cannot park the job until it is due; returning the delivery to the queue");
                 self.reject(delivery, true).await;
             }
         }

@@ -49,6 +49,12 @@ pub struct Stats {
     pub sent: AtomicU64,
     pub duplicates: AtomicU64,
     pub retried: AtomicU64,
+    /// Deliveries of jobs not due yet (`send_at`), parked in a delay tier unclaimed.
+    pub deferred: AtomicU64,
+    /// Jobs not sent because every `to` address is suppressed.
+    pub suppressed: AtomicU64,
+    /// Addresses suppressed after a hard bounce.
+    pub bounces_suppressed: AtomicU64,
     pub dead_lettered: AtomicU64,
     /// Settle actions the broker may not have seen (ack on a closed channel, failed republish).
     pub unsettled: AtomicU64,
@@ -83,6 +89,8 @@ pub struct Snapshot {
     pub sent: u64,
     pub duplicates: u64,
     pub retried: u64,
+    pub deferred: u64,
+    pub suppressed: u64,
     pub dead_lettered: u64,
     pub unsettled: u64,
 }
@@ -94,6 +102,9 @@ impl Default for Stats {
             sent: AtomicU64::new(0),
             duplicates: AtomicU64::new(0),
             retried: AtomicU64::new(0),
+            deferred: AtomicU64::new(0),
+            suppressed: AtomicU64::new(0),
+            bounces_suppressed: AtomicU64::new(0),
             dead_lettered: AtomicU64::new(0),
             unsettled: AtomicU64::new(0),
             given_back: AtomicU64::new(0),
@@ -194,6 +205,8 @@ impl Stats {
             sent: get(&self.sent),
             duplicates: get(&self.duplicates),
             retried: get(&self.retried),
+            deferred: get(&self.deferred),
+            suppressed: get(&self.suppressed),
             dead_lettered: get(&self.dead_lettered),
             unsettled: get(&self.unsettled),
         }

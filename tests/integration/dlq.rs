@@ -11,6 +11,7 @@ use serde_json::Value;
 use crate::helpers::*;
 
 mod browse;
+mod claims;
 mod filters;
 mod ingest;
 mod replay;

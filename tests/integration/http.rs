@@ -67,6 +67,18 @@ async fn an_invalid_body_is_refused_with_422_naming_the_field() {
     let (code, err) = api.post(Some("bad-3"), &job).await;
     assert_eq!(code, 422);
     assert_eq!(err["field"], "kind");
+
+    // What the worker could never send: already expired, or expiring before it is due.
+    let mut job = body_without_id(&app);
+    job["expires_at"] = json!("2020-01-01T00:00:00Z");
+    let (code, err) = api.post(Some("bad-4"), &job).await;
+    assert_eq!(code, 422);
+    assert_eq!(err["field"], "expires_at", "{err}");
+    job["send_at"] = json!("2099-01-02T00:00:00Z");
+    job["expires_at"] = json!("2099-01-01T00:00:00Z");
+    let (code, err) = api.post(Some("bad-5"), &job).await;
+    assert_eq!(code, 422);
+    assert_eq!(err["field"], "expires_at", "{err}");
     assert_eq!(app.unpublished().await, 0, "nothing was written");
 }
 

@@ -42,6 +42,8 @@ pub fn email_job(prefix: &str, i: usize, created_at: DateTime<Utc>) -> EmailJob 
         }),
         headers: Default::default(),
         created_at: Some(created_at),
+        send_at: None,
+        expires_at: None,
     }
 }
 

@@ -13,6 +13,7 @@ fn filter_class(written: ErrorClass) -> Class {
         ErrorClass::Rejected => Class::Rejected,
         ErrorClass::Exhausted => Class::Exhausted,
         ErrorClass::Uncertain => Class::Uncertain,
+        ErrorClass::Expired => Class::Expired,
     }
 }
 
@@ -24,13 +25,7 @@ fn every_class_the_worker_writes_is_a_class_the_filters_take() {
             assert_eq!(written.as_str(), class.as_str());
         }
     }
-    for written in [
-        ErrorClass::Invalid,
-        ErrorClass::Template,
-        ErrorClass::Rejected,
-        ErrorClass::Exhausted,
-        ErrorClass::Uncertain,
-    ] {
+    for written in ErrorClass::ALL {
         assert_eq!(filter_class(written).as_str(), written.as_str());
     }
 }

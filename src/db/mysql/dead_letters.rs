@@ -228,20 +228,46 @@ pub(in crate::db) async fn count_by_kind(
         .collect()
 }
 
+const CLAIM: &str = "
+UPDATE mailroom_dead_letters
+SET claim_token = ?, claimed_until = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND
+WHERE id = ? AND state = 'dead'
+  AND (claimed_until IS NULL OR claimed_until < UTC_TIMESTAMP(6))";
+
+/// Claims the `dead` row `id` for the replay `token` for `ttl_secs`, unless another replay
+/// holds a live claim on it; whether this call claimed it.
+pub(in crate::db) async fn claim(
+    pool: &MySqlPool,
+    id: i64,
+    token: &str,
+    ttl_secs: f64,
+) -> Result<bool, sqlx::Error> {
+    let done = sqlx::query(CLAIM)
+        .bind(token.as_bytes())
+        .bind((ttl_secs * 1e6) as i64)
+        .bind(id)
+        .execute(pool)
+        .await?;
+    Ok(done.rows_affected() == 1)
+}
+
 const MARK_REPLAYED: &str = "
 UPDATE mailroom_dead_letters
 SET state = 'replayed', replayed_at = UTC_TIMESTAMP(6), replayed_by = ?, replay_result = ?,
-    settled_at = UTC_TIMESTAMP(6)
-WHERE id = ? AND state = 'dead'";
+    settled_at = UTC_TIMESTAMP(6), claim_token = NULL, claimed_until = NULL
+WHERE id = ? AND state = 'dead' AND claim_token = ?";
 
 const NOTE_REPLAY_FAILED: &str = "
-UPDATE mailroom_dead_letters SET replayed_by = ?, replay_result = ?
-WHERE id = ? AND state = 'dead'";
+UPDATE mailroom_dead_letters
+SET replayed_by = ?, replay_result = ?, claim_token = NULL, claimed_until = NULL
+WHERE id = ? AND state = 'dead' AND claim_token = ?";
 
-/// Marks a `dead` row replayed (`published`) or notes why its replay failed; whether it was dead.
+/// Marks a `dead` row claimed by `token` replayed (`published`) or notes why its replay failed,
+/// releasing the claim; whether the row was still dead and claimed by `token`.
 pub(in crate::db) async fn mark_replay(
     pool: &MySqlPool,
     id: i64,
+    token: &str,
     by: &str,
     result: &str,
     published: bool,
@@ -255,12 +281,14 @@ pub(in crate::db) async fn mark_replay(
         .bind(by)
         .bind(result)
         .bind(id)
+        .bind(token.as_bytes())
         .execute(pool)
         .await?;
     Ok(done.rows_affected() == 1)
 }
 
-/// Marks the `dead` rows among `ids` purged, or deletes every row of `ids`; how many.
+/// Marks the `dead` rows among `ids` purged (not those a replay holds), or deletes every row of
+/// `ids`; how many.
 pub(in crate::db) async fn purge(
     pool: &MySqlPool,
     ids: &[i64],
@@ -277,7 +305,10 @@ pub(in crate::db) async fn purge(
             "UPDATE mailroom_dead_letters SET state = 'purged', purged_at = UTC_TIMESTAMP(6), \
              settled_at = UTC_TIMESTAMP(6), purged_by = ",
         );
-        qb.push_bind(by.to_string()).push(" WHERE state = 'dead'");
+        qb.push_bind(by.to_string()).push(
+            " WHERE state = 'dead' \
+             AND (claimed_until IS NULL OR claimed_until < UTC_TIMESTAMP(6))",
+        );
         qb
     };
     push_in(&mut qb, "id", ids);

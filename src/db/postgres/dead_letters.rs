@@ -190,20 +190,45 @@ pub(in crate::db) async fn count_by_kind(
     qb.build_query_as().fetch_all(pool).await
 }
 
+const CLAIM: &str = "
+UPDATE mailroom_dead_letters
+SET claim_token = $2, claimed_until = now() + make_interval(secs => $3)
+WHERE id = $1 AND state = 'dead' AND (claimed_until IS NULL OR claimed_until < now())";
+
+/// Claims the `dead` row `id` for the replay `token` for `ttl_secs`, unless another replay
+/// holds a live claim on it; whether this call claimed it.
+pub(in crate::db) async fn claim(
+    pool: &PgPool,
+    id: i64,
+    token: &str,
+    ttl_secs: f64,
+) -> Result<bool, sqlx::Error> {
+    let done = sqlx::query(CLAIM)
+        .bind(id)
+        .bind(token)
+        .bind(ttl_secs)
+        .execute(pool)
+        .await?;
+    Ok(done.rows_affected() == 1)
+}
+
 const MARK_REPLAYED: &str = "
 UPDATE mailroom_dead_letters
 SET state = 'replayed', replayed_at = now(), replayed_by = $2, replay_result = $3,
-    settled_at = now()
-WHERE id = $1 AND state = 'dead'";
+    settled_at = now(), claim_token = NULL, claimed_until = NULL
+WHERE id = $1 AND state = 'dead' AND claim_token = $4";
 
 const NOTE_REPLAY_FAILED: &str = "
-UPDATE mailroom_dead_letters SET replayed_by = $2, replay_result = $3
-WHERE id = $1 AND state = 'dead'";
+UPDATE mailroom_dead_letters
+SET replayed_by = $2, replay_result = $3, claim_token = NULL, claimed_until = NULL
+WHERE id = $1 AND state = 'dead' AND claim_token = $4";
 
-/// Marks a `dead` row replayed (`published`) or notes why its replay failed; whether it was dead.
+/// Marks a `dead` row claimed by `token` replayed (`published`) or notes why its replay failed,
+/// releasing the claim; whether the row was still dead and claimed by `token`.
 pub(in crate::db) async fn mark_replay(
     pool: &PgPool,
     id: i64,
+    token: &str,
     by: &str,
     result: &str,
     published: bool,
@@ -217,6 +242,7 @@ pub(in crate::db) async fn mark_replay(
         .bind(id)
         .bind(by)
         .bind(result)
+        .bind(token)
         .execute(pool)
         .await?;
     Ok(done.rows_affected() == 1)
@@ -225,11 +251,12 @@ pub(in crate::db) async fn mark_replay(
 const MARK_PURGED: &str = "
 UPDATE mailroom_dead_letters
 SET state = 'purged', purged_at = now(), purged_by = $2, settled_at = now()
-WHERE id = ANY($1) AND state = 'dead'";
+WHERE id = ANY($1) AND state = 'dead' AND (claimed_until IS NULL OR claimed_until < now())";
 
 const DELETE: &str = "DELETE FROM mailroom_dead_letters WHERE id = ANY($1)";
 
-/// Marks the `dead` rows among `ids` purged, or deletes every row of `ids`; how many.
+/// Marks the `dead` rows among `ids` purged (not those a replay holds), or deletes every row of
+/// `ids`; how many.
 pub(in crate::db) async fn purge(
     pool: &PgPool,
     ids: &[i64],

@@ -25,6 +25,24 @@ pub fn write(out: &mut String, w: &Stats, kinds: &[String]) {
         "Deliveries of jobs already sent or dead, acknowledged without sending.",
         w.duplicates.load(Ordering::Relaxed),
     );
+    counter(
+        out,
+        "mailroom_deferred_total",
+        "Deliveries of jobs not due yet (send_at), parked in a delay tier without a claim.",
+        w.deferred.load(Ordering::Relaxed),
+    );
+    counter(
+        out,
+        "mailroom_suppressed_total",
+        "Jobs not sent because every to address is on the suppression list.",
+        w.suppressed.load(Ordering::Relaxed),
+    );
+    counter(
+        out,
+        "mailroom_bounces_suppressed_total",
+        "Addresses added to the suppression list after a hard bounce (5.1.1, 5.1.2, 5.1.10).",
+        w.bounces_suppressed.load(Ordering::Relaxed),
+    );
     dead_lettered(out, w);
     unsettled(out, w);
     gauges(out, w);

@@ -40,7 +40,7 @@ impl TestApp {
         ConsoleServer::ready(port, templates, process).await
     }
 
-    /// [`TestApp::start_console_serve`] reaching RabbitMQ at `amqp_url` (through a fault proxy).
+    /// [`TestApp::start_console_serve`] with the broker at `amqp_url` (one that is down, say).
     pub async fn start_console_serve_on(&self, amqp_url: &str) -> ConsoleServer {
         let templates = editable_templates();
         let port = free_port();
@@ -49,10 +49,8 @@ impl TestApp {
             templates.path().to_str().unwrap(),
             "--api-token",
             CONSOLE_TOKEN,
-            "--amqp-url",
-            amqp_url,
         ];
-        let process = self.spawn_serve_process(&format!("127.0.0.1:{port}"), &extra);
+        let process = self.spawn_serve_process_on(amqp_url, &format!("127.0.0.1:{port}"), &extra);
         ConsoleServer::ready(port, templates, process).await
     }
 

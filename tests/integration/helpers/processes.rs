@@ -133,21 +133,24 @@ impl TestApp {
     }
 
     /// Starts `mailroom serve` as a real process on `http_addr`, with the test's database,
-    /// broker and namespace, and `extra` (`--flag value` pairs; one of those flags replaces it).
+    /// broker and namespace, and `extra`.
     pub fn spawn_serve_process(&self, http_addr: &str, extra: &[&str]) -> Child {
-        let defaults = [
-            ("--http-addr", http_addr),
-            ("--database-url", &self.db_url),
-            ("--amqp-url", &self.amqp_url),
-            ("--namespace", &self.namespace),
-            ("--retry-delays", TEST_RETRY_DELAYS),
-        ];
-        let defaults = defaults
-            .iter()
-            .flat_map(|(f, v)| [f.to_string(), v.to_string()]);
+        self.spawn_serve_process_on(&self.amqp_url, http_addr, extra)
+    }
+
+    /// [`TestApp::spawn_serve_process`] with the broker at `amqp_url` (one that is down, say).
+    pub fn spawn_serve_process_on(&self, amqp_url: &str, http_addr: &str, extra: &[&str]) -> Child {
         Process::new(env!("CARGO_BIN_EXE_mailroom"))
-            .arg("serve")
-            .args(with_overrides(defaults.collect(), extra))
+            .args([
+                "serve",
+                "--http-addr",
+                http_addr,
+                "--database-url",
+                &self.db_url,
+            ])
+            .args(["--amqp-url", amqp_url, "--namespace", &self.namespace])
+            .args(["--retry-delays", TEST_RETRY_DELAYS])
+            .args(extra)
             .env_remove("DATABASE_URL")
             .env_remove("MAILROOM_API_TOKEN")
             .stdin(Stdio::null())

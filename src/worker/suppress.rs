@@ -1,0 +1,185 @@
+//! The suppression list at the worker: before a job waits for an SMTP session, its recipients
+//! are looked up in `mailroom_suppressions` (one statement). Suppressed `cc` and `bcc`
+//! addresses, and suppressed `to` addresses beside others, are left out of the email; a job
+//! whose every `to` address is suppressed is not sent: its row becomes `dead` with class
+//! `suppressed` (no dead letter: nothing failed), and `status` says `suppressed`. A one-recipient
+//! job the SMTP server refused as an unknown mailbox or domain suppresses its address
+//! (`MAILROOM_SUPPRESS_BOUNCES`).
+
+use std::time::Duration;
+
+use lapin::message::Delivery;
+use uuid::Uuid;
+
+use super::Worker;
+use super::outcome::Outcome;
+use super::stats::Stats;
+use crate::db::suppressions::{self, Reason, SUPPRESSED, Suppression};
+use crate::db::{LedgerStatus, Record};
+use crate::job::{ValidJob, mask_email};
+
+/// The enhanced status codes of a refused address (RFC 3463, X.1.Y "addressing status"): bad
+/// destination mailbox (5.1.1), bad destination system (5.1.2), no mail accepted by the
+/// domain (5.1.10, RFC 7505).
+const UNKNOWN_ADDRESS: [&str; 3] = ["5.1.1", "5.1.2", "5.1.10"];
+
+/// What the suppression list leaves of a job.
+pub(super) enum Screened {
+    /// Send it, to the recipients left.
+    Send(ValidJob),
+    /// Every `to` address is suppressed: the first entry says why.
+    Suppressed(ValidJob, Suppression),
+}
+
+impl Worker {
+    /// Looks the job's recipients up and leaves the suppressed ones out; `Err` is the outcome
+    /// when the database cannot answer (a retry: sending to a suppressed address is the harm).
+    pub(super) async fn screen(&self, mut job: ValidJob) -> Result<Screened, Outcome> {
+        let all = job.to.iter().chain(&job.cc).chain(&job.bcc);
+        let keys: Vec<String> = all
+            .filter_map(|m| suppressions::key(m.email.as_ref()).ok())
+            .collect();
+        let found = match self.db.suppressed_among(&keys).await {
+            Ok(found) => found,
+            Err(e) => {
+                let reason = format!("database unavailable for the suppression list: {e}");
+                return Err(self.retry(Duration::ZERO, reason));
+            }
+        };
+        if found.is_empty() {
+            return Ok(Screened::Send(job));
+        }
+        let suppressed = |address: &str| {
+            suppressions::key(address).is_ok_and(|k| found.iter().any(|s| s.address == k))
+        };
+        let to_before = job.to.len();
+        retain(&mut job.to, &mut job.job.to, &suppressed);
+        if job.to.is_empty() {
+            let first = found.into_iter().next().expect("found is not empty");
+            return Ok(Screened::Suppressed(job, first));
+        }
+        let left_out = to_before - job.to.len()
+            + retain(&mut job.cc, &mut job.job.cc, &suppressed)
+            + retain(&mut job.bcc, &mut job.job.bcc, &suppressed);
+        tracing::info!(left_out, "suppressed recipients left out of the email");
+        Ok(Screened::Send(job))
+    }
+
+    /// A job to suppressed addresses only: claimed (a copy of a job already settled is a
+    /// duplicate), then recorded `suppressed`, never sent.
+    pub(super) async fn suppressed(
+        &self,
+        delivery: &Delivery,
+        job: &ValidJob,
+        entry: Suppression,
+    ) -> Outcome {
+        let token = match self.claim_unsent(delivery, job).await {
+            Ok((_, token)) => token,
+            Err(outcome) => return outcome,
+        };
+        let reason = format!(
+            "not sent: {} is suppressed ({}{}, since {})",
+            mask_email(&entry.address),
+            entry.reason,
+            entry.detail.map(|d| format!(": {d}")).unwrap_or_default(),
+            entry.created_at.format("%Y-%m-%d %H:%M:%SZ"),
+        );
+        self.record_suppressed(job, token, &reason).await;
+        Outcome::Suppressed { reason }
+    }
+
+    async fn record_suppressed(&self, job: &ValidJob, token: Uuid, reason: &str) {
+        let record = Record {
+            job_id: &job.job.job_id,
+            kind: &job.job.kind,
+            token: Some(token),
+            status: LedgerStatus::Dead,
+            smtp_reply: None,
+            error: Some(reason),
+            class: Some(SUPPRESSED),
+        };
+        // Unrecorded, the claim's lease ends and the next copy is screened again.
+        if let Err(e) = self.ledger.record(&record, None).await {
+            tracing::warn!(error = %e, "cannot record the suppressed job");
+        }
+    }
+
+    /// After a permanent refusal: suppresses the address of a one-recipient job when the reply
+    /// names an unknown mailbox or domain and `MAILROOM_SUPPRESS_BOUNCES` is on. With several
+    /// recipients the reply does not say whose address it was.
+    pub(super) async fn suppress_bounced(&self, job: &ValidJob, reply: &str) {
+        if !self.settings.suppress_bounces || !is_unknown_address(reply) {
+            return;
+        }
+        let [only] = job.to.as_slice() else { return };
+        if !job.cc.is_empty() || !job.bcc.is_empty() {
+            return;
+        }
+        let Ok(key) = suppressions::key(only.email.as_ref()) else {
+            return;
+        };
+        let detail = crate::job::clip(&crate::job::mask_addresses(reply), 500);
+        let by = format!("worker, job {}", crate::job::clip(&job.job.job_id, 200));
+        match self
+            .db
+            .suppress(&key, Reason::HardBounce, Some(&detail), &by)
+            .await
+        {
+            Ok(()) => {
+                Stats::bump(&self.stats.bounces_suppressed);
+                tracing::info!(
+                    to = mask_email(&key),
+                    "address suppressed after a hard bounce"
+                );
+            }
+            Err(e) => tracing::warn!(error = %e, "cannot suppress the bounced address"),
+        }
+    }
+}
+
+/// Keeps the recipients that are not suppressed, in both the parsed and the raw list (the same
+/// order); returns how many were left out.
+fn retain(
+    parsed: &mut Vec<lettre::message::Mailbox>,
+    raw: &mut Vec<String>,
+    suppressed: &impl Fn(&str) -> bool,
+) -> usize {
+    let before = parsed.len();
+    let keep: Vec<bool> = parsed
+        .iter()
+        .map(|m| !suppressed(m.email.as_ref()))
+        .collect();
+    let mut flags = keep.iter();
+    parsed.retain(|_| *flags.next().unwrap_or(&true));
+    if raw.len() == keep.len() {
+        let mut flags = keep.iter();
+        raw.retain(|_| *flags.next().unwrap_or(&true));
+    }
+    before - parsed.len()
+}
+
+/// Whether an SMTP reply refuses an address as unknown: an enhanced status code of
+/// [`UNKNOWN_ADDRESS`] as a word of its own.
+pub(super) fn is_unknown_address(reply: &str) -> bool {
+    reply
+        .split(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .any(|word| UNKNOWN_ADDRESS.contains(&word))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::is_unknown_address;
+
+    #[test]
+    fn only_an_unknown_mailbox_or_domain_counts_as_a_hard_bounce() {
+        assert!(is_unknown_address(
+            "550 5.1.1 <ada@example.com>: mailbox unavailable"
+        ));
+        assert!(is_unknown_address("RCPT: 556 5.1.10 null MX"));
+        assert!(is_unknown_address("550-5.1.2 no such domain"));
+        assert!(!is_unknown_address("552 5.3.4 message too big"));
+        assert!(!is_unknown_address("550 5.1.11 something else"));
+        assert!(!is_unknown_address("550 15.1.1 not a code"));
+        assert!(!is_unknown_address("550 mailbox unavailable"));
+    }
+}

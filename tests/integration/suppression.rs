@@ -1,0 +1,225 @@
+//! The suppression list: a job to a suppressed address is recorded `suppressed` and not sent,
+//! lookups compare normalised addresses, a hard bounce suppresses its address, and the CLI and
+//! the HTTP API manage the list.
+
+use serde_json::{Value, json};
+
+use crate::helpers::*;
+
+fn to(app: &TestApp, job_id: &str, address: &str) -> Value {
+    let mut job = app.job(job_id);
+    job["to"] = json!([address]);
+    job
+}
+
+#[tokio::test]
+async fn a_job_to_a_suppressed_address_is_not_sent_and_says_suppressed_with_the_reason() {
+    let app = TestApp::spawn().await;
+    let out = app
+        .cli(&[
+            "suppressions",
+            "add",
+            "ada@EXAMPLE.com",
+            "--reason",
+            "unsubscribed",
+            "--detail",
+            "ticket 7",
+        ])
+        .await;
+    assert!(
+        out.contains("ada@example.com suppressed (unsubscribed)"),
+        "{out}"
+    );
+    let worker = app.start_worker(&[]);
+    app.publish(&app.job("to-ada")).await;
+    app.publish(&to(&app, "to-bob", "bob@example.com")).await;
+    app.wait_for_row("to-bob", "welcome", "the other job sent", |n| {
+        n.status.as_str() == "sent"
+    })
+    .await;
+    let row = app
+        .wait_for_row("to-ada", "welcome", "row recorded", |n| {
+            n.status.as_str() == "dead"
+        })
+        .await;
+    let reason = row.last_error.unwrap_or_default();
+    assert!(reason.contains("unsubscribed: ticket 7"), "{reason}");
+    let out = app.cli(&["status", "to-ada", "welcome"]).await;
+    assert!(out.contains("to-ada welcome: suppressed"), "{out}");
+
+    // A second copy is a duplicate, not a second record or a dead letter.
+    app.publish(&app.job("to-ada")).await;
+    worker.stats.wait_until(|s| s.duplicates >= 1).await;
+    let s = worker.stats.snapshot();
+    assert_eq!((s.suppressed, s.dead_lettered), (1, 0), "{s:?}");
+    assert_eq!(
+        app.dead_count().await,
+        0,
+        "nothing failed, nothing to triage"
+    );
+    worker.stop().await;
+    assert_eq!(app.smtp.count(&app.message_id("to-ada", "welcome")), 0);
+    assert_eq!(app.smtp.received().len(), 1);
+}
+
+#[tokio::test]
+async fn lookups_ignore_the_domains_case_and_not_the_local_parts() {
+    let app = TestApp::spawn().await;
+    app.cli(&["suppressions", "add", "Ada@example.com"]).await;
+    let check = app
+        .cli_output(&["suppressions", "check", "ada@example.com"])
+        .await;
+    assert_eq!(check.status.code(), Some(1), "{}", check.stdout);
+    assert!(
+        check.stderr.contains("is not suppressed"),
+        "{}",
+        check.stderr
+    );
+    let out = app.cli(&["suppressions", "check", "Ada@EXAMPLE.COM"]).await;
+    assert!(out.contains("Ada@example.com  manual"), "{out}");
+
+    let worker = app.start_worker(&[]);
+    app.publish(&to(&app, "lower", "ada@example.com")).await;
+    app.publish(&to(&app, "upper-domain", "Ada@Example.COM"))
+        .await;
+    app.wait_for_row("lower", "welcome", "sent", |n| n.status.as_str() == "sent")
+        .await;
+    let row = app
+        .wait_for_row("upper-domain", "welcome", "suppressed", |n| {
+            n.status.as_str() == "dead"
+        })
+        .await;
+    let reason = row.last_error.unwrap_or_default();
+    assert!(reason.contains("is suppressed (manual"), "{reason}");
+    worker.stop().await;
+    assert_eq!(
+        app.smtp.count(&app.message_id("upper-domain", "welcome")),
+        0
+    );
+}
+
+#[tokio::test]
+async fn a_suppressed_cc_is_left_out_and_the_email_goes_to_the_others() {
+    let app = TestApp::spawn().await;
+    app.cli(&[
+        "suppressions",
+        "add",
+        "bob@example.com",
+        "--reason",
+        "complaint",
+    ])
+    .await;
+    let mut job = app.job("with-cc");
+    job["cc"] = json!(["Bob <bob@example.com>", "carol@example.com"]);
+    let worker = app.start_worker(&[]);
+    app.publish(&job).await;
+    let got = app.smtp.wait_for(1).await;
+    worker.stop().await;
+    let mut rcpt = got[0].rcpt_tos.clone();
+    rcpt.sort();
+    assert_eq!(rcpt, ["ada@example.com", "carol@example.com"]);
+    assert!(!got[0].data.contains("bob@example.com"), "{}", got[0].data);
+}
+
+#[tokio::test]
+async fn a_hard_bounce_suppresses_the_address_and_the_next_job_to_it_is_not_sent() {
+    // The server refuses the first RCPT as an unknown mailbox (550 5.1.1), then accepts.
+    let app = TestApp::spawn_with(&["--fail", "RCPT:550:1"]).await;
+    let worker = app.start_worker(&[]);
+    app.publish(&app.job("bounced")).await;
+    app.wait_for_row("bounced", "welcome", "rejected", |n| {
+        n.status.as_str() == "dead"
+    })
+    .await;
+    let out = app.cli(&["suppressions", "list", "--json"]).await;
+    let entry: Value = serde_json::from_str(out.lines().next().unwrap_or("null")).unwrap();
+    assert_eq!(entry["address"], "ada@example.com", "{out}");
+    assert_eq!(entry["reason"], "hard_bounce");
+    assert!(
+        entry["detail"].as_str().unwrap().contains("5.1.1"),
+        "{entry}"
+    );
+
+    app.publish(&app.job("after-bounce")).await;
+    app.publish(&to(&app, "someone-else", "bob@example.com"))
+        .await;
+    app.wait_for_row("someone-else", "welcome", "sent", |n| {
+        n.status.as_str() == "sent"
+    })
+    .await;
+    app.wait_for_row("after-bounce", "welcome", "suppressed", |n| {
+        n.status.as_str() == "dead"
+    })
+    .await;
+    worker.stop().await;
+    assert_eq!(
+        app.smtp.count(&app.message_id("after-bounce", "welcome")),
+        0
+    );
+}
+
+#[tokio::test]
+async fn the_http_api_puts_shows_lists_and_deletes_entries() {
+    let app = TestApp::spawn().await;
+    let api = Api::start(&app).await;
+    let url = |address: &str| format!("{}/v1/suppressions/{address}", api.base);
+    let put = api
+        .client
+        .put(url("Ada@EXAMPLE.com"))
+        .bearer_auth(TOKEN)
+        .json(&json!({"reason": "unsubscribed", "by": "support"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(put.status().as_u16(), 200);
+    let entry: Value = put.json().await.unwrap();
+    assert_eq!(entry["address"], "Ada@example.com");
+    assert_eq!(
+        (&entry["reason"], &entry["created_by"]),
+        (&json!("unsubscribed"), &json!("support"))
+    );
+
+    let bad = api
+        .client
+        .put(url("ada@example.com"))
+        .bearer_auth(TOKEN)
+        .json(&json!({"reason": "bounced"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(bad.status().as_u16(), 400);
+    let problem: Value = bad.json().await.unwrap();
+    assert_eq!(problem["pointer"], "/reason", "{problem}");
+
+    let list: Value = api
+        .client
+        .get(format!("{}/v1/suppressions?reason=unsubscribed", api.base))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(list["suppressions"].as_array().unwrap().len(), 1, "{list}");
+
+    let unauthenticated = api.client.get(url("Ada@example.com")).send().await.unwrap();
+    assert_eq!(unauthenticated.status().as_u16(), 401);
+    let delete = |address: &'static str| api.client.delete(url(address)).bearer_auth(TOKEN).send();
+    assert_eq!(
+        delete("Ada@example.COM").await.unwrap().status().as_u16(),
+        204
+    );
+    assert_eq!(
+        delete("Ada@example.com").await.unwrap().status().as_u16(),
+        404
+    );
+    let gone = api
+        .client
+        .get(url("Ada@example.com"))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(gone.status().as_u16(), 404);
+}
