@@ -11,9 +11,10 @@
 //!   form, the CSRF token every POST carries, and the guard in front of every page.
 //! - `layout`: the page around each section, its navigation and the security headers.
 //! - `assets`: htmx and the stylesheet, at content-hashed URLs with a year-long cache.
-//! - `pages`: the sections still to come (Overview, Dead letters, Jobs).
 //! - `dead_letters`: the failure groups and letters, one letter with its email rendered now,
 //!   and replay or purge after a confirmation that states counts.
+//! - `overview`: the pipeline at a glance, refreshed by htmx; `jobs`: the job search;
+//!   `job`: one job's timeline and its email as it renders now.
 //! - `templates`: the list of kinds × locales with their check status, and the editor;
 //!   `preview`: a draft rendered in a scratch copy of the directory; `save`: validation, atomic
 //!   writes and the revision history (`history` renders it with diffs); `files`: reading the
@@ -27,9 +28,11 @@ mod auth;
 mod dead_letters;
 mod files;
 mod history;
+mod job;
+mod jobs;
 mod layout;
 mod live;
-mod pages;
+mod overview;
 mod preview;
 mod save;
 mod session;
@@ -58,6 +61,8 @@ pub struct Console {
     previews: preview::Cache,
     /// The broker a replay publishes to; `None`: the Dead letters section cannot replay.
     replay: Option<dead_letters::ReplayTo>,
+    /// The Overview's queue depths and namespace ([`Console::with_pipeline`]).
+    pipeline: Option<overview::Pipeline>,
     /// Only the Templates section (`templates preview --serve`).
     designer: bool,
 }
@@ -79,6 +84,7 @@ impl Console {
             keys: session::Keys::new(token),
             previews: preview::Cache::default(),
             replay: None,
+            pipeline: None,
             designer: false,
         }
     }
@@ -109,6 +115,7 @@ impl Console {
             keys: session::Keys::new(None),
             previews: preview::Cache::default(),
             replay: None,
+            pipeline: None,
             designer: true,
         }
     }
@@ -118,13 +125,15 @@ impl Console {
 pub fn router(console: Console) -> Router {
     let console = Arc::new(console);
     let guarded = Router::new()
-        .route("/console", get(pages::overview))
+        .route("/console", get(overview::page))
+        .route("/console/overview", get(overview::refresh))
         .route("/console/dead-letters", get(dead_letters::list))
         .route("/console/dead-letters/confirm", get(dead_letters::confirm))
         .route("/console/dead-letters/replay", post(dead_letters::replay))
         .route("/console/dead-letters/purge", post(dead_letters::purge))
         .route("/console/dead-letters/{id}", get(dead_letters::letter))
-        .route("/console/jobs", get(pages::jobs))
+        .route("/console/jobs", get(jobs::list))
+        .route("/console/jobs/{job_id}/{kind}", get(job::page))
         .route("/console/templates", get(templates::list))
         .route("/console/templates/{kind}/{locale}", get(templates::editor))
         .route(

@@ -137,6 +137,10 @@ pub fn router(state: Arc<ApiState>) -> Router {
                 state.amqp.clone(),
                 state.topology.clone(),
                 state.replay_key.clone(),
+            )
+            .with_pipeline(
+                state.metrics.queues.clone().map(|q| q as _),
+                &state.topology.exchange,
             ),
         ));
     conventions::apply(all)

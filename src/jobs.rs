@@ -5,7 +5,8 @@
 //! newest first, a page at a time ([`Page::next_cursor`]). A job is found once its outbox row
 //! is written (states `pending`, `published`, `parked`) or, published straight to the broker,
 //! once a worker claimed it (the ledger's states). The recipient is the first `to` address,
-//! kept by the claim: a job not yet claimed is not found by recipient.
+//! normalised: kept by the claim, and generated from the payload in the outbox, so a job still
+//! waiting there is found by recipient too.
 //!
 //! [`timeline`] tells one job's story: created, published, each attempt (claimed when, ended
 //! when, with its SMTP reply or error), a replay, and `sent` or `dead`. Failed attempts come

@@ -13,7 +13,10 @@ const LAYERS: &[(&str, &[&str])] = &[
     ),
     ("core", &["config", "job", "door", "render"]),
     ("adapters", &["db", "broker", "smtp"]),
-    ("loops", &["relay", "worker", "dlq", "status", "jobs"]),
+    (
+        "loops",
+        &["relay", "worker", "dlq", "status", "jobs", "overview"],
+    ),
     ("faces", &["http", "console"]),
     ("wiring", &["startup"]),
     ("command line", &["cli"]),

@@ -12,6 +12,7 @@
 //! - [`smtp`]: MIME building, the deterministic Message-ID, sending and error classes;
 //! - [`dlq`]: the dead-letter queue: list, show, replay, purge;
 //! - [`http`], [`status`]: the HTTP API and `/metrics`, a job's state;
+//! - [`jobs`], [`overview`]: every job findable with its timeline; the pipeline at a glance;
 //! - [`console`]: the operators' web console under `/console` (templates editor and preview);
 //! - [`startup`]: each process (worker, relay, HTTP API, all three) built from its settings;
 //! - [`config`], [`cli`], [`telemetry`], [`shutdown`], [`exit`]: the process around them;
@@ -29,6 +30,7 @@ pub mod failpoint;
 pub mod http;
 pub mod job;
 pub mod jobs;
+pub mod overview;
 pub mod relay;
 pub mod render;
 pub mod shutdown;

@@ -1,6 +1,6 @@
 //! The reads of the Jobs page: every job, whether the ledger has it (claimed at least once)
 //! or only the outbox does (pending or published, not yet claimed), searched and paged newest
-//! first; and the ledger's side of one job's timeline. Both engines, side by side: the query is
+//! first (the outbox's `recipient` is generated from the payload's first `to`); and the ledger's side of one job's timeline. Both engines, side by side: the query is
 //! one shape, the differences are how a key compares byte for byte (MariaDB's `VARBINARY`,
 //! PostgreSQL's `COLLATE "C"`) and how a prefix is tested.
 
@@ -65,7 +65,7 @@ const JOBS: &str = "
     SELECT o.job_id, o.kind,
            CASE WHEN o.parked_at IS NOT NULL THEN 'parked'
                 WHEN o.published_at IS NOT NULL THEN 'published' ELSE 'pending' END,
-           o.created_at, NULL
+           o.created_at, o.recipient
     FROM mailroom_outbox o
     WHERE NOT EXISTS (SELECT 1 FROM sent_notifications n
                       WHERE n.job_id = o.job_id AND n.kind = o.kind)";

@@ -66,7 +66,7 @@ pub struct Found {
     pub kind: String,
     pub state: String,
     pub created_at: DateTime<Utc>,
-    /// The first `to` address (masked unless revealed); none before the first claim.
+    /// The first `to` address (masked unless revealed): the claim's, or the outbox row's.
     pub recipient: Option<String>,
 }
 

@@ -2,12 +2,15 @@
 //! logging in, editing a template with its live preview, saving it and seeing the next email
 //! use it, a broken edit refused with nothing written, and the designer's preview that follows
 //! the files; [`guards`]: CSRF, headers, no external requests, a phone's width;
-//! [`dead_letters`]: the Dead letters section, failure groups to replay.
+//! [`dead_letters`]: the Dead letters section, failure groups to replay; [`overview`] and
+//! [`jobs`]: the Overview and Jobs sections.
 
 use crate::helpers::*;
 
 mod dead_letters;
 mod guards;
+mod jobs;
+mod overview;
 
 /// The `mailroom_template_info` line of a `/metrics` text: the revision in use.
 fn revision_line(metrics: &str) -> Option<String> {

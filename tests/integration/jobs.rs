@@ -1,6 +1,7 @@
 //! Every job findable, with its timeline (`mailroom::jobs`, `GET /v1/jobs`), on the engine of
 //! `MAILROOM_TEST_ENGINE`: attempts with their SMTP replies in order, a dead job, the recipient
-//! search's case rules, a 200-byte CJK id, and paging that returns each job once.
+//! search's case rules (claimed jobs and jobs still in the outbox), a 200-byte CJK id, and
+//! paging that returns each job once.
 
 use std::collections::BTreeSet;
 
@@ -129,6 +130,52 @@ async fn the_recipient_search_ignores_the_domains_case_and_not_the_local_parts()
         page.jobs[0].recipient.as_deref(),
         Some("A***@example.com"),
         "masked"
+    );
+}
+
+#[tokio::test]
+async fn a_job_no_worker_claimed_yet_is_found_by_recipient_pending_published_or_written_in_sql() {
+    let app = TestApp::spawn().await;
+    let mut pending = app.email_job("outbox-pending");
+    pending.to = vec!["Ada Lovelace <Ada.Lovelace@Example.COM>".into()];
+    app.enqueue(&pending).await.unwrap();
+    let mut published = app.email_job("outbox-published");
+    published.to = vec![
+        "Ada.Lovelace@EXAMPLE.com".into(),
+        "other@example.com".into(),
+    ];
+    app.enqueue(&published).await.unwrap();
+    app.execute(
+        "UPDATE mailroom_outbox SET published_at = created_at WHERE job_id = 'outbox-published'",
+    )
+    .await;
+    // A producer in another language writes the row itself.
+    app.execute(
+        r#"INSERT INTO mailroom_outbox (job_id, kind, payload) VALUES ('outbox-sql', 'welcome',
+           '{"job_id": "outbox-sql", "kind": "welcome", "to": ["Ada.Lovelace@example.com"]}')"#,
+    )
+    .await;
+    app.enqueue(&app.email_job("outbox-someone-else"))
+        .await
+        .unwrap();
+
+    let by = |recipient: &str| Search {
+        recipient: Some(recipient.into()),
+        ..Search::default()
+    };
+    let mut ids = found(&app, by("Ada.Lovelace@example.com")).await;
+    ids.sort();
+    assert_eq!(ids, ["outbox-pending", "outbox-published", "outbox-sql"]);
+    assert!(found(&app, by("ada.lovelace@example.com")).await.is_empty());
+    let page = jobs::search(&app.db, &by("Ada.Lovelace@example.com"))
+        .await
+        .unwrap();
+    let states: BTreeSet<_> = page.jobs.iter().map(|j| j.state.as_str()).collect();
+    assert_eq!(states, BTreeSet::from(["pending", "published"]));
+    assert!(
+        page.jobs
+            .iter()
+            .all(|j| j.recipient.as_deref() == Some("A***@example.com"))
     );
 }
 

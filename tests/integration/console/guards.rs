@@ -134,12 +134,21 @@ async fn without_a_token_the_console_opens_on_loopback_and_still_wants_the_csrf_
 async fn the_pages_fetch_nothing_from_elsewhere_and_fit_a_phone() {
     let app = TestApp::spawn().await;
     let console = app.start_console_serve().await;
+    // 200 bytes, the longest id: CJK and a `/` in one path segment.
+    let long_id = format!("{}/{}", "注文".repeat(30), "x".repeat(19));
+    app.enqueue(&app.email_job(&long_id)).await.unwrap();
+    let job_page = format!(
+        "/console/jobs/{}/welcome",
+        url::form_urlencoded::byte_serialize(long_id.as_bytes()).collect::<String>()
+    );
     let browser = Browser::start(Screen::Phone).await;
     console.log_in(&browser, CONSOLE_TOKEN, "Ada").await;
     let pages = [
         "/console",
         "/console/dead-letters",
         "/console/jobs",
+        "/console/jobs?state=pending",
+        &job_page,
         "/console/templates",
         "/console/templates/welcome/fr",
         "/console/templates/welcome/default/live",
@@ -147,7 +156,7 @@ async fn the_pages_fetch_nothing_from_elsewhere_and_fit_a_phone() {
     for page in pages {
         browser.goto(&format!("{}{page}", console.base)).await;
         browser.find("main h1").await;
-        if page.contains("/welcome/") {
+        if page.contains("/welcome") {
             browser.find("#preview-html").await;
         }
         let seen = browser
