@@ -36,6 +36,7 @@ mod overview;
 mod preview;
 mod save;
 mod session;
+mod suppressions;
 mod templates;
 
 use std::path::{Path, PathBuf};
@@ -134,6 +135,9 @@ pub fn router(console: Console) -> Router {
         .route("/console/dead-letters/{id}", get(dead_letters::letter))
         .route("/console/jobs", get(jobs::list))
         .route("/console/jobs/{job_id}/{kind}", get(job::page))
+        .route("/console/suppressions", get(suppressions::list))
+        .route("/console/suppressions/add", post(suppressions::add))
+        .route("/console/suppressions/remove", post(suppressions::remove))
         .route("/console/templates", get(templates::list))
         .route("/console/templates/{kind}/{locale}", get(templates::editor))
         .route(

@@ -27,10 +27,11 @@ pub(super) enum Section {
     Overview,
     DeadLetters,
     Jobs,
+    Suppressions,
     Templates,
 }
 
-const SECTIONS: [(Section, &str, &str); 4] = [
+const SECTIONS: [(Section, &str, &str); 5] = [
     (Section::Overview, "Overview", "/console"),
     (
         Section::DeadLetters,
@@ -38,6 +39,11 @@ const SECTIONS: [(Section, &str, &str); 4] = [
         "/console/dead-letters",
     ),
     (Section::Jobs, "Jobs", "/console/jobs"),
+    (
+        Section::Suppressions,
+        "Suppressions",
+        "/console/suppressions",
+    ),
     (Section::Templates, "Templates", "/console/templates"),
 ];
 

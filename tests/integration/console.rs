@@ -11,6 +11,7 @@ mod dead_letters;
 mod guards;
 mod jobs;
 mod overview;
+mod suppressions;
 
 /// The `mailroom_template_info` line of a `/metrics` text: the revision in use.
 fn revision_line(metrics: &str) -> Option<String> {

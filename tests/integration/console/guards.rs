@@ -141,10 +141,14 @@ async fn the_pages_fetch_nothing_from_elsewhere_and_fit_a_phone() {
         "/console/jobs/{}/welcome",
         url::form_urlencoded::byte_serialize(long_id.as_bytes()).collect::<String>()
     );
+    // A long address, for a table that must scroll in its own box, not the page.
+    let long_address = format!("{}@example.com", "a".repeat(120));
+    app.cli(&["suppressions", "add", &long_address]).await;
     let browser = Browser::start(Screen::Phone).await;
     console.log_in(&browser, CONSOLE_TOKEN, "Ada").await;
     let pages = [
         "/console",
+        "/console/suppressions",
         "/console/dead-letters",
         "/console/jobs",
         "/console/jobs?state=pending",
