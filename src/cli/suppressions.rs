@@ -38,8 +38,8 @@ pub struct AddArgs {
     /// A note kept with the entry (a ticket, the bounce's text).
     #[arg(long)]
     pub detail: Option<String>,
-    /// Who made the entry (default: the login name).
-    #[arg(long, env = "USER")]
+    /// Who made the entry, as lists show it (default: cli).
+    #[arg(long)]
     pub by: Option<String>,
 }
 
