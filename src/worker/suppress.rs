@@ -53,10 +53,12 @@ impl Worker {
             suppressions::key(address).is_ok_and(|k| found.iter().any(|s| s.address == k))
         };
         let to_before = job.to.len();
+        let whole = job.clone();
         retain(&mut job.to, &mut job.job.to, &suppressed);
         if job.to.is_empty() {
+            // The job as it came: its row keeps the recipient, for the search by recipient.
             let first = found.into_iter().next().expect("found is not empty");
-            return Ok(Screened::Suppressed(job, first));
+            return Ok(Screened::Suppressed(whole, first));
         }
         let left_out = to_before - job.to.len()
             + retain(&mut job.cc, &mut job.job.cc, &suppressed)

@@ -46,6 +46,17 @@ async fn a_job_to_a_suppressed_address_is_not_sent_and_says_suppressed_with_the_
     assert!(reason.contains("unsubscribed: ticket 7"), "{reason}");
     let out = app.cli(&["status", "to-ada", "welcome"]).await;
     assert!(out.contains("to-ada welcome: suppressed"), "{out}");
+    // Found by the recipient it was not sent to.
+    let out = app
+        .cli(&[
+            "jobs",
+            "search",
+            "--recipient",
+            "ada@example.com",
+            "--reveal",
+        ])
+        .await;
+    assert!(out.contains("to-ada"), "{out}");
 
     // A second copy is a duplicate, not a second record or a dead letter.
     app.publish(&app.job("to-ada")).await;
