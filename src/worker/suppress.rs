@@ -86,11 +86,23 @@ impl Worker {
             entry.detail.map(|d| format!(": {d}")).unwrap_or_default(),
             entry.created_at.format("%Y-%m-%d %H:%M:%SZ"),
         );
-        self.record_suppressed(job, token, &reason).await;
-        Outcome::Suppressed { reason }
+        match self.record_suppressed(job, token, &reason).await {
+            Ok(()) => Outcome::Suppressed { reason },
+            // Not acked unrecorded: no dead letter would tell of the job, and its row would say
+            // `sending` for good. The claim goes back and the next copy is screened again.
+            Err(e) => {
+                let why = format!("cannot record the suppressed job: {e}");
+                self.give_back(job, token, why).await
+            }
+        }
     }
 
-    async fn record_suppressed(&self, job: &ValidJob, token: Uuid, reason: &str) {
+    async fn record_suppressed(
+        &self,
+        job: &ValidJob,
+        token: Uuid,
+        reason: &str,
+    ) -> Result<(), std::sync::Arc<sqlx::Error>> {
         let record = Record {
             job_id: &job.job.job_id,
             kind: &job.job.kind,
@@ -100,10 +112,7 @@ impl Worker {
             error: Some(reason),
             class: Some(SUPPRESSED),
         };
-        // Unrecorded, the claim's lease ends and the next copy is screened again.
-        if let Err(e) = self.ledger.record(&record, None).await {
-            tracing::warn!(error = %e, "cannot record the suppressed job");
-        }
+        self.ledger.record(&record, None).await.map(|_| ())
     }
 
     /// After a permanent refusal: suppresses the address of a one-recipient job when the reply
