@@ -9,6 +9,9 @@ use crate::helpers::*;
 
 const JOBS: usize = 60;
 
+/// Each send takes this long at the server, so the faults land on a worker still busy.
+const SLOW_SERVER: &[&str] = &["--data-delay", "0.2"];
+
 fn ids(prefix: &str) -> Vec<String> {
     (0..JOBS).map(|i| format!("{prefix}-{i}")).collect()
 }
@@ -54,19 +57,24 @@ struct Landed {
     forwarded: usize,
 }
 
-/// Switches `proxy` to `fault`, first asserting that the fault lands on work in flight: emails
-/// still to send and deliveries being processed (unacked). A fault after the last send would
-/// test nothing.
-fn land(app: &TestApp, worker: &RunningWorker, proxy: &FaultProxy, fault: Fault) -> Landed {
-    let received = app.smtp.received().len();
-    let in_flight = worker.stats.in_flight();
-    assert!(
-        received < JOBS && in_flight > 0,
-        "{fault:?} would land on no work: {received} of {JOBS} sent, {in_flight} deliveries in flight"
-    );
+/// Switches `proxy` to `fault` once it would land on work in flight: emails still to send and
+/// deliveries being processed (unacked). Between retry tiers every remaining job can sit in a
+/// delay queue for a moment, so this waits for a delivery to be in flight; a fault after the
+/// last send would test nothing, and fails here.
+async fn land(app: &TestApp, worker: &RunningWorker, proxy: &FaultProxy, fault: Fault) -> Landed {
+    let what = format!("a delivery in flight for {fault:?} to land on");
+    eventually(&what, || async {
+        let received = app.smtp.received().len();
+        assert!(
+            received < JOBS,
+            "{fault:?} would land on no work: all {JOBS} were sent before it"
+        );
+        (worker.stats.in_flight() > 0).then_some(())
+    })
+    .await;
     let s = worker.stats.snapshot();
     let landed = Landed {
-        received,
+        received: app.smtp.received().len(),
         retried: s.retried,
         duplicates: s.duplicates,
         forwarded: proxy.forwarded(),
@@ -100,7 +108,7 @@ fn held_back(app: &TestApp, landed: &Landed, most: usize, what: &str) {
 
 #[tokio::test]
 async fn smtp_connections_reset_then_partitioned_mid_load_every_job_is_sent() {
-    let app = TestApp::spawn().await;
+    let app = TestApp::spawn_with(SLOW_SERVER).await;
     let proxy = FaultProxy::start(app.smtp.port).await;
     let url = proxy.url_through(&app.smtp.url());
     let worker = app.start_worker(&["--smtp-url", &url]);
@@ -111,13 +119,13 @@ async fn smtp_connections_reset_then_partitioned_mid_load_every_job_is_sent() {
     // A slow network first: every chunk late, well within the send timeout.
     proxy.set(Fault::Delay(Duration::from_millis(50)));
     app.smtp.wait_for(10).await;
-    let reset = land(&app, &worker, &proxy, Fault::Reset);
+    let reset = land(&app, &worker, &proxy, Fault::Reset).await;
     tokio::time::sleep(Duration::from_millis(500)).await;
     proxy.set(Fault::Pass);
     retried_since(&worker, &reset, "a send the reset broke retried").await;
     app.smtp.wait_for(25).await;
     // Longer than --smtp-timeout (2s): sends in flight time out as uncertain and are resent.
-    let partition = land(&app, &worker, &proxy, Fault::Blackhole);
+    let partition = land(&app, &worker, &proxy, Fault::Blackhole).await;
     tokio::time::sleep(Duration::from_secs(3)).await;
     // At most the sends whose final dot had crossed already.
     held_back(&app, &partition, 8, "the SMTP partition");
@@ -129,9 +137,6 @@ async fn smtp_connections_reset_then_partitioned_mid_load_every_job_is_sent() {
     worker.stop().await;
     app.drain_duplicates().await;
 }
-
-/// Each send takes this long at the server, so the faults land on a worker still busy.
-const SLOW_SERVER: &[&str] = &["--data-delay", "0.2"];
 
 #[tokio::test]
 async fn broker_connection_reset_then_partitioned_mid_load_every_job_is_sent_once() {
@@ -148,7 +153,7 @@ async fn broker_connection_reset_then_partitioned_mid_load_every_job_is_sent_onc
     publish_all(&app, &ids).await;
 
     app.smtp.wait_for(10).await;
-    let reset = land(&app, &worker, &proxy, Fault::Reset);
+    let reset = land(&app, &worker, &proxy, Fault::Reset).await;
     tokio::time::sleep(Duration::from_millis(500)).await;
     proxy.set(Fault::Pass);
     reconnected_since(&proxy, &reset, "the worker reconnected").await;
@@ -158,7 +163,7 @@ async fn broker_connection_reset_then_partitioned_mid_load_every_job_is_sent_onc
     })
     .await;
     app.smtp.wait_for(25).await;
-    let partition = land(&app, &worker, &proxy, Fault::Blackhole);
+    let partition = land(&app, &worker, &proxy, Fault::Blackhole).await;
     tokio::time::sleep(Duration::from_secs(3)).await;
     // Only the deliveries already prefetched can be sent; 3 s would send all the rest.
     held_back(&app, &partition, 8, "the broker partition");
@@ -184,13 +189,13 @@ async fn database_connections_reset_then_partitioned_mid_load_every_job_is_sent_
     publish_all(&app, &ids).await;
 
     app.smtp.wait_for(10).await;
-    let reset = land(&app, &worker, &proxy, Fault::Reset);
+    let reset = land(&app, &worker, &proxy, Fault::Reset).await;
     tokio::time::sleep(Duration::from_millis(300)).await;
     proxy.set(Fault::Pass);
     reconnected_since(&proxy, &reset, "the worker's pool reconnected").await;
     app.smtp.wait_for(25).await;
     // Shorter than half the lease: a `sent` record stuck behind it is retried, not given up.
-    let partition = land(&app, &worker, &proxy, Fault::Blackhole);
+    let partition = land(&app, &worker, &proxy, Fault::Blackhole).await;
     tokio::time::sleep(Duration::from_secs(1)).await;
     // Every send needs a claim first: only the 8 deliveries (--concurrency) past theirs.
     held_back(&app, &partition, 8, "the database partition");
