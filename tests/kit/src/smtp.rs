@@ -18,6 +18,9 @@ pub struct Received {
     pub rcpt_tos: Vec<String>,
     pub message_id: Option<String>,
     pub data: String,
+    /// When the final dot arrived, in seconds since the Unix epoch.
+    #[serde(default)]
+    pub received_at: f64,
 }
 
 /// A real SMTP server (tests/support/smtp_recorder.py) that logs every accepted message.
