@@ -66,7 +66,7 @@ async fn a_global_rate_holds_across_two_workers_and_is_used_nearly_in_full() {
     // the jitter between a send's slot and its final dot (the claim's group commit, the SMTP
     // exchange) that bunches a few sends on a loaded machine. Each worker sending at the whole
     // rate instead of its share would put 20 in a second.
-    assert!(busiest <= 15, "{busiest} emails within one second at 10/s");
+    assert!(busiest <= 16, "{busiest} emails within one second at 10/s");
     let first = times.iter().copied().fold(f64::INFINITY, f64::min);
     let last = times.iter().copied().fold(0.0, f64::max);
     let rate = (n - 1) as f64 / (last - first);
