@@ -101,8 +101,9 @@ fn orphaned(rest: &str) -> bool {
     }
 }
 
-/// Drops the database `name` if it exists, closing its connections on PostgreSQL; best effort,
-/// for cleanup: a server that is down keeps it.
+/// Drops the database `name` if it exists, closing its connections first (a connection left
+/// in a transaction would make a MySQL `DROP DATABASE` wait on its metadata lock for ever);
+/// best effort, for cleanup: a server that is down keeps it.
 pub async fn drop_database(admin_url: &str, name: &str) {
     match server(admin_url) {
         Ok(Server::Postgres) => {
@@ -113,6 +114,20 @@ pub async fn drop_database(admin_url: &str, name: &str) {
         }
         Ok(Server::MySql) => {
             if let Ok(mut admin) = MySqlConnection::connect(admin_url).await {
+                // Connections of the same user may be killed without any privilege.
+                let ids: Vec<u64> = sqlx::query_scalar(
+                    "SELECT CAST(id AS UNSIGNED) FROM information_schema.processlist WHERE db = ?",
+                )
+                .bind(name)
+                .fetch_all(&mut admin)
+                .await
+                .unwrap_or_default();
+                for id in ids {
+                    let kill = format!("KILL {id}");
+                    let _ = admin.execute(sqlx::AssertSqlSafe(kill)).await;
+                }
+                // Never wait for ever on a lock held by a connection of another user.
+                let _ = admin.execute("SET SESSION lock_wait_timeout = 30").await;
                 let drop = format!("DROP DATABASE IF EXISTS `{name}`");
                 let _ = admin.execute(sqlx::AssertSqlSafe(drop)).await;
             }
