@@ -7,7 +7,8 @@ used: aiosmtpd.smtp.SMTP with a handler's handle_MAIL / handle_RCPT / handle_DAT
 
     /usr/bin/python3 tests/support/smtp_recorder.py --port 0 --log received.jsonl \\
         [--maildir DIR] [--fail STAGE:CODE[:COUNT[:DOMAIN]]]... [--data-delay SECONDS] [--stall-file FILE] \\
-        [--stall-greeting COUNT] [--lose-reply close|silent[:COUNT]] [--max-sessions N]
+        [--stall-greeting COUNT] [--lose-reply close|silent[:COUNT]] [--max-sessions N] \\
+        [--no-smtputf8]
 
 Once listening it prints one line, `LISTENING <port>`, to stdout. Every ACCEPTED message is
 appended to --log as one JSON line {"mail_from", "rcpt_tos", "message_id", "data",
@@ -19,6 +20,8 @@ always; --fail RCPT:421:5:slow.test answers only RCPT commands to addresses @slo
 used in the order given. A 421 reply also
 closes the connection, as RFC 5321 says it should. STAGE is MAIL, RCPT, DATACMD (the DATA
 command, before any content) or DATA (alias DOT: the reply to the final dot).
+--no-smtputf8 leaves SMTPUTF8 out of the EHLO reply, as many servers do: a non-ASCII address
+is then refused.
 
 Faults for the tests of the uncertain window and of timeouts:
   --stall-greeting COUNT   the first COUNT connections are accepted and never greeted (the
@@ -296,6 +299,8 @@ def parse_args(argv):
                    help="answer 421 and close beyond N concurrent sessions")
     p.add_argument("--stall-file", metavar="FILE",
                    help="while FILE holds a number of seconds, wait that long instead of --data-delay")
+    p.add_argument("--no-smtputf8", action="store_true",
+                   help="do not offer SMTPUTF8 (non-ASCII addresses are refused)")
     p.add_argument("-v", "--verbose", action="store_true", help="one stderr line per event")
     return p.parse_args(argv)
 
@@ -310,7 +315,7 @@ async def main(argv):
         lambda: Session(
             handler,
             data_size_limit=MAX_MESSAGE_BYTES,
-            enable_SMTPUTF8=True,
+            enable_SMTPUTF8=not args.no_smtputf8,
             decode_data=False,
             # Without a hostname aiosmtpd calls socket.getfqdn() per connection: slow here.
             hostname="recorder.localhost",
