@@ -279,6 +279,7 @@ mod address;
 
 pub use address::{
     MAX_RECIPIENT_BYTES, mask_addresses, mask_email, normalised_address, recipient_to_store,
+    with_ascii_domain,
 };
 use address::{parse_mailbox, parse_mailboxes};
 

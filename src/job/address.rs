@@ -29,14 +29,20 @@ pub(super) fn parse_mailbox(field: &str, raw: &str) -> Result<Mailbox, JobError>
     let mailbox = raw
         .parse::<Mailbox>()
         .map_err(|e| invalid(field, format!("not a valid RFC 5322 mailbox ({e})")))?;
+    with_ascii_domain(mailbox).map_err(|why| invalid(field, why))
+}
+
+/// The mailbox with its domain in ASCII form (`müller.de` → `xn--mller-kva.de`), which every
+/// SMTP server takes; its name and local part unchanged.
+pub fn with_ascii_domain(mailbox: Mailbox) -> Result<Mailbox, String> {
     let domain = mailbox.email.domain();
     if domain.is_ascii() {
         return Ok(mailbox);
     }
     let ascii = idna::domain_to_ascii(domain)
-        .map_err(|_| invalid(field, "not a valid internationalised domain name"))?;
+        .map_err(|_| "not a valid internationalised domain name".to_string())?;
     let email = Address::new(mailbox.email.user(), ascii)
-        .map_err(|e| invalid(field, format!("not a valid address ({e})")))?;
+        .map_err(|e| format!("not a valid address ({e})"))?;
     Ok(Mailbox::new(mailbox.name, email))
 }
 

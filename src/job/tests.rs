@@ -150,10 +150,7 @@ fn an_internationalised_domain_is_carried_in_ascii_and_its_local_part_as_given()
     assert_eq!(j.to[0].email.to_string(), "Ada@xn--mller-kva.de");
     assert_eq!(j.to[0].name.as_deref(), Some("Jürgen"));
     let cc = job(with("cc", serde_json::json!(["用户@例子.广告"]))).unwrap();
-    assert_eq!(
-        cc.cc[0].email.to_string(),
-        "用户@xn--fsqu00a.xn--4rr70v"
-    );
+    assert_eq!(cc.cc[0].email.to_string(), "用户@xn--fsqu00a.xn--4rr70v");
     let ascii = job(with("to", serde_json::json!(["ada@Example.COM"]))).unwrap();
     assert_eq!(ascii.to[0].email.to_string(), "ada@Example.COM");
 }
