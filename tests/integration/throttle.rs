@@ -1,9 +1,12 @@
 //! Sending limits: the account's rate holds over two workers, a domain's limit slows only that
-//! domain, and a domain answering 421 is slowed down without spending any job's attempts.
+//! domain, and a domain answering 421 is slowed down without spending any job's attempts;
+//! [`concurrency`]: a domain's `max N` at a slow server, and a small SMTP pool.
 //! Rates are measured where they matter, at the SMTP server (the recorder's receive times).
 
 use crate::helpers::*;
 use mailroom::worker::throttle::Throttle;
+
+mod concurrency;
 
 /// A job to `address`.
 fn job_to(app: &TestApp, job_id: &str, address: &str) -> serde_json::Value {
