@@ -58,11 +58,23 @@ async fn assert_every_job_sent_on_its_one_attempt(app: &TestApp) {
 
 #[tokio::test]
 async fn a_domains_concurrency_holds_across_two_workers_while_another_domain_uses_them_in_full() {
-    // Each transaction lasts 300 ms at the server, so sends in flight really overlap.
-    let app = TestApp::spawn_with(&["--data-delay", "0.3"]).await;
+    // Each transaction lasts 800 ms at the server, so sends in flight really overlap (the jobs
+    // arrive over about as long: each publish waits for its confirm).
+    let app = TestApp::spawn_with(&["--data-delay", "0.8"]).await;
     // max 4 over two workers: a share of 2 each. Each worker's 8 deliveries at once could put
     // 16 sends to one domain in progress without the limit.
-    let args = ["--domain-limits", "capped.test=max 4", "--concurrency", "8"];
+    // A 4 s send timeout (and the lease that covers it): 800 ms transactions on a loaded machine
+    // must not time out, which would spend an attempt for a reason other than the limit.
+    let args = [
+        "--domain-limits",
+        "capped.test=max 4",
+        "--concurrency",
+        "8",
+        "--smtp-timeout",
+        "4s",
+        "--lease",
+        "8s",
+    ];
     let a = app.start_worker(&args);
     let b = app.start_worker(&args);
     eventually("both workers to count two live workers", || async {
@@ -110,10 +122,11 @@ async fn a_domains_concurrency_holds_across_two_workers_while_another_domain_use
 #[tokio::test]
 async fn held_jobs_keep_no_smtp_session_from_other_domains_when_the_pool_is_smaller_than_demand() {
     let app = TestApp::spawn_with(&["--data-delay", "0.2"]).await;
-    // Two SMTP sessions for eight deliveries at once; slow.test may use one of them, at 1/s.
+    // Two SMTP sessions for eight deliveries at once; slow.test may use one of them, one send
+    // every 2 s: its 5 jobs take 8 s at least, while fast.test's 12 need 6 rounds of the pool.
     let worker = app.start_worker(&[
         "--domain-limits",
-        "slow.test=1/s max 1",
+        "slow.test=30/min max 1",
         "--smtp-connections",
         "2",
         "--concurrency",
@@ -121,7 +134,7 @@ async fn held_jobs_keep_no_smtp_session_from_other_domains_when_the_pool_is_smal
         "--max-attempts",
         "2",
     ]);
-    let (slow, fast) = (5, 16);
+    let (slow, fast) = (5, 12);
     for i in 0..fast {
         if i < slow {
             app.publish(&job_to(&app, &format!("slow-{i}"), "ada@slow.test"))
@@ -147,8 +160,8 @@ async fn held_jobs_keep_no_smtp_session_from_other_domains_when_the_pool_is_smal
         slow_peak <= 1,
         "{slow_peak} sends to slow.test at once, max 1"
     );
-    // Held slow.test jobs (at most one each second may go) never kept a session idle: fast.test
-    // had both sessions at once, and was done before slow.test's rate let it finish.
+    // Held slow.test jobs never kept a session idle: fast.test had both sessions at once, and
+    // was done before slow.test's rate let it finish.
     assert_eq!(fast_peak, 2, "fast.test never had the whole pool");
     let last = |domain: &str| {
         log.iter()
@@ -202,7 +215,13 @@ async fn a_claim_the_fence_gives_back_frees_its_domains_slot_and_is_sent_once_on
     if std::env::var_os("TEST_LOG").is_none() {
         // The worker's log (its stderr): the fence fired once, so the test did test it.
         let log = std::fs::read_to_string(app.dir.path().join("worker.log")).unwrap();
-        let given_back = log.matches("less than a whole send").count();
-        assert_eq!(given_back, 1, "the fence gave back one claim:\n{log}");
+        let given_back = log
+            .lines()
+            .filter(|l| l.contains("late-0") && l.contains("less than a whole send"))
+            .count();
+        assert!(
+            given_back >= 1,
+            "the fence gave late-0's claim back:\n{log}"
+        );
     }
 }
