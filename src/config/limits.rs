@@ -123,7 +123,7 @@ pub fn parse_domain_limits(s: &str) -> Result<DomainLimits, String> {
                 "{entry:?}: expected DOMAIN=LIMIT, e.g. gmail.com=5/s or *=20/s max 8"
             ));
         };
-        let domain = domain.trim().to_ascii_lowercase();
+        let domain = ascii_domain(entry, domain.trim())?;
         let limit = parse_limit(entry, spec)?;
         if domain == "*" {
             if seen_default {
@@ -171,6 +171,16 @@ fn parse_limit(entry: &str, spec: &str) -> Result<DomainLimit, String> {
         ));
     }
     Ok(limit)
+}
+
+/// The domain as the worker compares it: in lower case, an internationalised one in its ASCII
+/// form (`müller.de` → `xn--mller-kva.de`), as jobs' addresses are sent.
+fn ascii_domain(entry: &str, domain: &str) -> Result<String, String> {
+    if domain.is_ascii() {
+        return Ok(domain.to_ascii_lowercase());
+    }
+    idna::domain_to_ascii(domain)
+        .map_err(|_| format!("{entry:?}: {domain:?} is not a valid internationalised domain"))
 }
 
 fn check_domain(entry: &str, domain: &str) -> Result<(), String> {
@@ -248,6 +258,8 @@ mod tests {
         );
         assert_eq!(l.of("example.org"), l.default);
         assert!(l.lists("gmail.com") && !l.lists("example.org"));
+        let idn = parse_domain_limits("Müller.de=2/s").unwrap();
+        assert_eq!(idn.of("xn--mller-kva.de").rate, rate(2, 1));
     }
 
     #[test]
