@@ -5,12 +5,13 @@
 //! again; the worker's claim makes the duplicate harmless.
 //!
 //! Wake-ups: after a batch the relay probes the outbox (one lock-free query) every `poll_min`,
-//! doubling while nothing comes, up to a ceiling. On PostgreSQL the ceiling is the fallback
-//! `poll_interval` and `LISTEN/NOTIFY` wakes an idle relay at once: the outbox trigger notifies
-//! only when no other row is waiting, because NOTIFY serialises commits (every producer would
-//! queue behind one lock) and a relay with rows waiting is busy or probing fast anyway.
-//! Listening starts before the first scan, so nothing committed in between is missed. MySQL
-//! has no notifications: the probes alone, up to `poll_max`.
+//! doubling while nothing comes, up to a ceiling. While a wake-up source runs the ceiling is
+//! the fallback `poll_interval` and the source wakes an idle relay at once: on PostgreSQL the
+//! WAL (a temporary logical slot, no trigger in producers' commits) or, where the server does
+//! not allow that, `LISTEN/NOTIFY` from the outbox trigger, which notifies only when no other
+//! row is waiting, because NOTIFY serialises commits; on MySQL/MariaDB the binary log. Without
+//! a source, the probes alone, up to `poll_max` ([`wakeup`]). Every source is opened before
+//! the first scan, so nothing committed in between is missed.
 //! On both engines an enqueue made in the same process (the HTTP API of `mailroom run`) wakes
 //! the relay at once through [`Relay::waker`].
 //!
@@ -50,9 +51,10 @@ use crate::failpoint;
 mod batch;
 mod binlog;
 mod wakeup;
+pub mod wal;
 
 use wakeup::Wakeup;
-pub use wakeup::{WakeupMode, Woken};
+pub use wakeup::{WakeupChoice, WakeupMode, Woken};
 
 /// Default bound on the bytes of one batch: 64 jobs at the 64 KiB job limit, all written and
 /// confirmed within the confirm timeout even on a slow link.
@@ -86,8 +88,10 @@ pub struct RelaySettings {
     /// Published rows older than this are deleted.
     pub retention: Duration,
     pub name: String,
-    /// MySQL/MariaDB: the URL the binary log follower connects with (`None`: poll).
+    /// The URL the WAL or binary log follower connects with (`None`: no follower).
     pub database_url: Option<SecretUrl>,
+    /// The best wake-up source to try (it falls back from there).
+    pub wakeup: WakeupChoice,
 }
 
 /// What the relay did, for tests, the benchmark and metrics.
@@ -108,7 +112,7 @@ pub struct RelayStats {
     pub invalid: AtomicU64,
     /// Batches cut short by the byte bound.
     pub cut: AtomicU64,
-    /// Wake-ups by the database itself: a notification or a binary log event.
+    /// Wake-ups by the database itself: a notification, a WAL or binary log commit.
     pub woken: AtomicU64,
     /// Rescans after the wake-up source reconnected.
     pub resumed: AtomicU64,

@@ -6,7 +6,7 @@ use clap::Args;
 
 use super::{BrokerArgs, DatabaseArgs, MetricsOptions};
 use crate::config;
-use crate::relay::Relay;
+use crate::relay::{Relay, WakeupChoice};
 use crate::startup::{self, RelayConfig, RelayTuning};
 
 #[derive(Debug, Args)]
@@ -29,6 +29,11 @@ pub struct RelayOptions {
     /// the poll adds and one lock-free query per interval.
     #[arg(long, env = "MAILROOM_RELAY_POLL_MAX", default_value = "1s", value_parser = config::parse_duration)]
     pub relay_poll_max: Duration,
+    /// What wakes an idle relay: `auto`, the best the server allows (PostgreSQL: the WAL, then
+    /// NOTIFY, then polling; MySQL/MariaDB: the binary log, then polling); `notify` (PostgreSQL:
+    /// never the WAL); `poll`. Each relay says at startup which one runs and why.
+    #[arg(long, env = "MAILROOM_RELAY_WAKEUP", value_enum, default_value_t = WakeupChoice::Auto)]
+    pub relay_wakeup: WakeupChoice,
     /// Published outbox rows older than this are deleted (in batches of 1,000).
     #[arg(long, env = "MAILROOM_OUTBOX_RETENTION", default_value = "7d", value_parser = config::parse_duration)]
     pub outbox_retention: Duration,
@@ -44,6 +49,7 @@ impl RelayOptions {
             poll_min: self.relay_poll_min,
             poll_max: self.relay_poll_max,
             outbox_retention: self.outbox_retention,
+            wakeup: self.relay_wakeup,
         }
     }
 }

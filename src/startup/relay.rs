@@ -12,7 +12,7 @@ use crate::config::SecretUrl;
 use crate::db::{Database, OnAcquire};
 use crate::http::Readiness;
 use crate::http::metrics::Metrics;
-use crate::relay::{Relay, RelaySettings};
+use crate::relay::{Relay, RelaySettings, WakeupChoice};
 
 /// How the relay batches, polls and cleans up (`mailroom relay --help` says what each means);
 /// shared by `relay` and `run`. Zero sizes are raised to one.
@@ -24,6 +24,8 @@ pub struct RelayTuning {
     pub poll_min: Duration,
     pub poll_max: Duration,
     pub outbox_retention: Duration,
+    /// The best wake-up source to try.
+    pub wakeup: WakeupChoice,
 }
 
 /// What `mailroom relay` needs.
@@ -77,8 +79,9 @@ pub fn build_relay(
         poll_max: tuning.poll_max,
         retention: tuning.outbox_retention,
         name: format!("mailroom relay (pid {})", std::process::id()),
-        // MySQL/MariaDB: the binary log wakes the relay (src/relay/binlog.rs).
+        // The WAL (src/relay/wal.rs) or the binary log (src/relay/binlog.rs) wakes the relay.
         database_url: Some(database_url.clone()),
+        wakeup: tuning.wakeup,
     };
     Ok(Relay::new(settings, db))
 }

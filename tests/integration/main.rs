@@ -51,3 +51,4 @@ mod suppression;
 mod templates;
 mod throttle;
 mod topology;
+mod wal;

@@ -329,23 +329,18 @@ fn throughput_bars(r: &Results, area: &Area) -> anyhow::Result<()> {
         ));
     }
     let c = &r.relay.outbox_commits;
-    rows.push((
-        format!(
-            "raw outbox commits ({} producers) with NOTIFY {}/s",
-            c.producers,
-            thousands(c.with_notify)
-        ),
-        c.with_notify,
-        DB,
-    ));
-    rows.push((
-        format!(
-            "raw outbox commits without NOTIFY {}/s",
-            thousands(c.without_notify)
-        ),
-        c.without_notify,
-        DB,
-    ));
+    for m in c.modes.iter().filter(|m| m.per_s > 0.0) {
+        rows.push((
+            format!(
+                "raw outbox commits ({} producers), wake-up {} {}/s",
+                c.producers,
+                m.mode,
+                thousands(m.per_s)
+            ),
+            m.per_s,
+            DB,
+        ));
+    }
     let e2e = &r.relay.end_to_end_max;
     rows.push((
         format!(

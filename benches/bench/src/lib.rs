@@ -253,14 +253,21 @@ async fn run(opts: Opts) -> anyhow::Result<()> {
 
     let commits_n = opts.floor_n * 10;
     step(&format!(
-        "raw limit: outbox commits, {} producers, {commits_n} rows with and without NOTIFY",
+        "raw limit: outbox commits, {} producers, {commits_n} rows per wake-up mode (none, NOTIFY trigger, WAL)",
         relay::PRODUCERS
     ));
     let outbox_commits = relay::outbox_commits(&services, commits_n).await?;
-    step(&format!(
-        "  {:.0} commits/s with NOTIFY, {:.0} without",
-        outbox_commits.with_notify, outbox_commits.without_notify
-    ));
+    for m in &outbox_commits.modes {
+        step(&format!(
+            "  {}: {:.0} commits/s {:?}{}",
+            m.mode,
+            m.per_s,
+            m.rounds.iter().map(|r| r.round()).collect::<Vec<_>>(),
+            m.unavailable
+                .as_ref()
+                .map_or(String::new(), |why| format!(" (unavailable: {why})"))
+        ));
+    }
     step(&format!(
         "relay alone on PostgreSQL, then MariaDB/MySQL: {} outbox rows committed at once; then {} s idle and {} single rows, both engines side by side",
         opts.n,

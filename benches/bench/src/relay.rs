@@ -12,7 +12,9 @@ use std::time::Instant;
 
 use chrono::{DateTime, Utc};
 use futures_util::future::BoxFuture;
+use mailroom::config::SecretUrl;
 use mailroom::db::outbox;
+use mailroom::relay::wal::Follower as WalFollower;
 use serde::Serialize;
 use sqlx::PgPool;
 
@@ -67,15 +69,26 @@ pub struct EndToEnd {
     pub cpu: CpuShare,
 }
 
-/// Producers' commit rate into the outbox, which bounds the end-to-end rate.
+/// Producers' commit rate into the outbox, which bounds the end-to-end rate, once per
+/// wake-up mode: what each mode costs the producers' own commits.
 #[derive(Clone, Debug, Serialize)]
 pub struct OutboxCommits {
     pub n: usize,
     pub producers: usize,
-    /// `outbox::enqueue` + COMMIT per row, the outbox trigger (`pg_notify`) on.
-    pub with_notify: f64,
-    /// The same with the trigger disabled: what the NOTIFY costs.
-    pub without_notify: f64,
+    /// One per mode, in [`COMMIT_MODES`] order.
+    pub modes: Vec<CommitRate>,
+}
+
+/// Commits/s with one wake-up mode in place (no relay running).
+#[derive(Clone, Debug, Serialize)]
+pub struct CommitRate {
+    pub mode: &'static str,
+    /// The mean of the rounds; 0 when the mode is unavailable.
+    pub per_s: f64,
+    /// Each round's rate (the modes take turns, so drift hits them alike).
+    pub rounds: Vec<f64>,
+    /// Why the mode could not be measured, if it could not.
+    pub unavailable: Option<String>,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -88,41 +101,105 @@ pub struct RelayFigures {
     pub end_to_end_paced: Vec<EndToEnd>,
 }
 
-/// Outbox commits per second from [`PRODUCERS`] producers, with and without the NOTIFY
-/// trigger, no relay running. PostgreSQL serialises the commits of transactions that NOTIFY
-/// (a lock on the notification queue is held through the commit's WAL flush), so group commit
-/// cannot help them.
+/// The modes measured: no wake-up at all (the baseline), the NOTIFY trigger in every
+/// producer's transaction, and the WAL followed from a temporary logical slot (no trigger).
+pub const COMMIT_MODES: [&str; 3] = ["none", "trigger", "wal"];
+/// Rounds of the three modes, taking turns.
+const COMMIT_ROUNDS: usize = 2;
+
+impl OutboxCommits {
+    /// Commits/s in `mode` (0 if it was not measured).
+    pub fn rate(&self, mode: &str) -> f64 {
+        self.modes
+            .iter()
+            .find(|m| m.mode == mode)
+            .map_or(0.0, |m| m.per_s)
+    }
+
+    /// `mode`'s cost against no wake-up at all, in percent of the commit rate.
+    pub fn cost_percent(&self, mode: &str) -> Option<f64> {
+        let (base, rate) = (self.rate("none"), self.rate(mode));
+        (base > 0.0 && rate > 0.0).then(|| (1.0 - rate / base) * 100.0)
+    }
+}
+
+/// Outbox commits per second from [`PRODUCERS`] producers in each of [`COMMIT_MODES`], no
+/// relay running. A NOTIFY serialises the commits of the transactions that send one (a lock on
+/// the notification queue is held through the commit's WAL flush); the trigger also runs its
+/// check in every producer's transaction. The WAL follower runs in another process (the
+/// server's WAL sender decodes the log); on this machine it competes for the same cores.
 pub async fn outbox_commits(services: &Services, n: usize) -> anyhow::Result<OutboxCommits> {
     let world = World::create(services, "raw-outbox", PRODUCERS as u32 + 2).await?;
     let result = async {
-        let producer = |prefix: &str| OutboxProducer {
+        let producer = |prefix: String| OutboxProducer {
             pool: world.pg_pool().clone(),
-            prefix: prefix.into(),
+            prefix,
         };
-        let rate = |prefix: &'static str| {
-            let p = producer(prefix);
-            async move {
+        workload::backlog(&producer("warm".into()), PRODUCERS, PRODUCERS).await?;
+        let mut modes: Vec<CommitRate> = COMMIT_MODES
+            .iter()
+            .map(|&mode| CommitRate {
+                mode,
+                per_s: 0.0,
+                rounds: vec![],
+                unavailable: None,
+            })
+            .collect();
+        for round in 0..COMMIT_ROUNDS {
+            for m in modes.iter_mut().filter(|m| m.unavailable.is_none()) {
+                let follower = match set_mode(&world, m.mode).await? {
+                    Ok(follower) => follower,
+                    Err(why) => {
+                        m.unavailable = Some(why);
+                        continue;
+                    }
+                };
+                let p = producer(format!("{}-{round}", m.mode));
                 let t = Instant::now();
                 workload::backlog(&p, n, PRODUCERS).await?;
-                anyhow::Ok(n as f64 / t.elapsed().as_secs_f64())
+                m.rounds.push(n as f64 / t.elapsed().as_secs_f64());
+                if let Some(follower) = follower {
+                    follower.close().await;
+                }
             }
-        };
-        workload::backlog(&producer("warm"), PRODUCERS, PRODUCERS).await?;
-        let with_notify = rate("notify").await?;
-        sqlx::query("ALTER TABLE mailroom_outbox DISABLE TRIGGER mailroom_outbox_notify")
-            .execute(world.pg_pool())
-            .await?;
-        let without_notify = rate("quiet").await?;
+        }
+        for m in &mut modes {
+            m.per_s = m.rounds.iter().sum::<f64>() / m.rounds.len().max(1) as f64;
+        }
         anyhow::Ok(OutboxCommits {
             n,
             producers: PRODUCERS,
-            with_notify,
-            without_notify,
+            modes,
         })
     }
     .await;
     world.cleanup().await;
     result
+}
+
+/// Puts `mode` in place: the trigger on or off, and for `wal` a follower streaming the world's
+/// database (returned; closing it drops its slot). `Err` inside: the mode is unavailable here.
+async fn set_mode(
+    world: &World,
+    mode: &str,
+) -> anyhow::Result<Result<Option<WalFollower>, String>> {
+    let trigger = if mode == "trigger" {
+        "ENABLE"
+    } else {
+        "DISABLE"
+    };
+    let sql = format!("ALTER TABLE mailroom_outbox {trigger} TRIGGER mailroom_outbox_notify");
+    sqlx::query(sqlx::AssertSqlSafe(sql))
+        .execute(world.pg_pool())
+        .await?;
+    if mode != "wal" {
+        return Ok(Ok(None));
+    }
+    let url: SecretUrl = world.db_url.parse().map_err(anyhow::Error::msg)?;
+    Ok(WalFollower::start(world.pg_pool(), &url)
+        .await
+        .map(Some)
+        .map_err(|e| e.to_string()))
 }
 
 /// End to end with a relay and a worker process: `rate` None = as fast as possible.

@@ -310,23 +310,51 @@ fn incomplete(sent: i64, n: usize, complete: bool) -> String {
     }
 }
 
+/// What a wake-up mode of the producers' row puts in their way.
+fn commit_mode_text(mode: &str) -> &'static str {
+    match mode {
+        "none" => "no wake-up at all (no trigger, no slot)",
+        "trigger" => "the NOTIFY trigger in every transaction",
+        "wal" => "no trigger; the WAL streamed from a temporary logical slot",
+        _ => "",
+    }
+}
+
 /// End to end (outbox commit → SMTP accepted), relay only, relay idle.
 fn relay_rows(t: &mut String, r: &Results, limit_text: &str) {
     let rel = &r.relay;
     let max = &rel.end_to_end_max;
     let c = &rel.outbox_commits;
-    let _ = writeln!(
-        t,
-        "| **raw** PostgreSQL: `outbox::enqueue` + COMMIT, one row per transaction, {} producers: with the NOTIFY trigger / without | – | {}/s / {}/s | – |",
-        c.producers,
-        thousands(c.with_notify),
-        thousands(c.without_notify)
-    );
+    for m in &c.modes {
+        let figure = match &m.unavailable {
+            Some(why) => format!("unavailable: {why}"),
+            None => format!("{}/s", thousands(m.per_s)),
+        };
+        let cost = c
+            .cost_percent(m.mode)
+            .filter(|_| m.mode != "none")
+            .map_or("–".to_string(), |p| {
+                format!("{p:+.1} % of the commit rate")
+            });
+        let _ = writeln!(
+            t,
+            "| **raw** PostgreSQL: `outbox::enqueue` + COMMIT, one row per transaction, {} producers, wake-up {}: {} | – | {figure} | {cost} |",
+            c.producers,
+            m.mode,
+            commit_mode_text(m.mode),
+        );
+    }
     let (mut limit_text, mut limit) = (limit_text.to_string(), slowest(r, 1).1);
-    if c.with_notify < limit {
-        limit = c.with_notify;
+    let slowest_commits = c
+        .modes
+        .iter()
+        .filter(|m| m.per_s > 0.0)
+        .map(|m| m.per_s)
+        .fold(f64::INFINITY, f64::min);
+    if slowest_commits < limit {
+        limit = slowest_commits;
         limit_text = format!(
-            "outbox commits with NOTIFY {}/s (slowest raw part)",
+            "outbox commits in the slowest wake-up mode {}/s (slowest raw part)",
             thousands(limit)
         );
     }

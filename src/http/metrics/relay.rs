@@ -37,7 +37,7 @@ pub fn write(out: &mut String, r: &RelayStats) {
         ),
         (
             "mailroom_relay_woken_total",
-            "Wake-ups by the database: a notification or a binary log event.",
+            "Wake-ups by the database: a notification, a WAL or binary log commit.",
             &r.woken,
         ),
     ] {
@@ -49,7 +49,7 @@ pub fn write(out: &mut String, r: &RelayStats) {
 /// `mailroom_relay_wakeup_mode{mode="…"}`: 1 on the source that wakes the relay, 0 on the others.
 fn wakeup_mode(out: &mut String, mode: WakeupMode) {
     let name = "mailroom_relay_wakeup_mode";
-    let help = "Which source wakes the idle relay (1): binlog, notify or poll.";
+    let help = "Which source wakes the idle relay (1): wal, binlog, notify or poll.";
     header(out, name, "gauge", help);
     for m in WakeupMode::ALL {
         sample(out, name, &[("mode", m.as_str())], u8::from(m == mode));

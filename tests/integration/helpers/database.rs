@@ -93,7 +93,11 @@ async fn pg_template() -> String {
     static TEMPLATE: tokio::sync::OnceCell<String> = tokio::sync::OnceCell::const_new();
     TEMPLATE
         .get_or_init(|| async {
-            let template = format!("{PREFIX}tpl_{:016x}", migrations_hash());
+            // The migrations disable the NOTIFY trigger where the server's WAL is logical.
+            let template = format!(
+                "{PREFIX}tpl_{:016x}",
+                migrations_hash() ^ wal_level_hash().await
+            );
             build_pg_template(&template).await;
             std::thread::spawn(drop_pg_orphans);
             template
@@ -142,6 +146,20 @@ fn migrations_hash() -> u64 {
         file.file_name().hash(&mut hasher);
         std::fs::read(&file).unwrap().hash(&mut hasher);
     }
+    hasher.finish()
+}
+
+/// A hash of the server's `wal_level`: a template migrated under another one differs.
+async fn wal_level_hash() -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut conn = PgConnection::connect(&admin_url()).await.unwrap();
+    let level: String = sqlx::query_scalar("SHOW wal_level")
+        .fetch_one(&mut conn)
+        .await
+        .unwrap();
+    let _ = conn.close().await;
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    level.hash(&mut hasher);
     hasher.finish()
 }
 

@@ -1,0 +1,408 @@
+//! PostgreSQL: the write-ahead log as the relay's wake-up, so producers' commits carry no
+//! trigger. The relay opens a replication connection, creates a **temporary** logical slot on
+//! it (`pgoutput`) and streams the publication [`PUBLICATION`]: inserts into `mailroom_outbox`,
+//! the `id` column only (PostgreSQL 15+), so the stream carries no email. A committed
+//! transaction that inserted outbox rows (a pgoutput insert followed by its commit) wakes the
+//! relay; nothing else is read. The claim stays the `SKIP LOCKED` query, so no row depends on
+//! the stream: after a lost connection the follower opens a new slot at the server's current
+//! position and asks the relay for one rescan, which finds anything committed in between.
+//!
+//! The slot lives as long as the connection: when the relay stops, crashes or loses it, the
+//! server drops the slot and retains nothing. While it runs, every position received is
+//! confirmed at once, so the slot holds back no WAL either.
+//!
+//! What it needs (checked at startup, see [`Unavailable`]): `wal_level = logical`, a free
+//! replication slot and WAL sender (`max_replication_slots`, `max_wal_senders`), a user with
+//! the `REPLICATION` attribute (on Amazon RDS: a member of `rds_replication`) that
+//! `pg_hba.conf` lets in for replication, and the publication
+//! (the migrations create it). The stream is not encrypted (this build has no TLS for it): a
+//! URL that asks for TLS (`sslmode=require` or stricter) is not followed. Without any of these
+//! the relay falls back to NOTIFY, then to polling ([`super::wakeup`]).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use pgwire_replication::{
+    PgWireError, ReplicationClient, ReplicationConfig, ReplicationEvent, TlsConfig,
+};
+use sqlx::PgPool;
+use sqlx::postgres::{PgConnectOptions, PgSslMode};
+use tokio::sync::mpsc;
+use tokio_util::sync::{CancellationToken, DropGuard};
+
+use crate::broker;
+use crate::config::SecretUrl;
+
+use super::wakeup::Woken;
+
+/// The publication the relay streams: inserts into `mailroom_outbox` (a migration creates it).
+pub const PUBLICATION: &str = "mailroom_outbox_wakeup";
+/// The longest wait for the slot (it waits for transactions running at its creation) and for
+/// the server to accept the stream.
+const OPEN_TIMEOUT: Duration = Duration::from_secs(10);
+/// How often the position is confirmed to the server, also on an idle stream.
+const STATUS_INTERVAL: Duration = Duration::from_secs(10);
+
+/// Why the WAL cannot wake the relay: the server's setting, the user's role or the schema.
+/// The message says what to set or grant.
+#[derive(Debug, thiserror::Error)]
+pub enum Unavailable {
+    #[error("wal_level is {0}, not logical (set wal_level = logical on the server and restart it)")]
+    NotLogical(String),
+    #[error(
+        "the database user {0:?} may not stream the WAL (ALTER ROLE {0} REPLICATION, and a \
+         `replication` line for it in pg_hba.conf)"
+    )]
+    NoReplication(String),
+    #[error(
+        "the publication {PUBLICATION} is missing (run `mailroom migrate` as the outbox's owner)"
+    )]
+    NoPublication,
+    #[error("the database URL asks for TLS (sslmode={0}); the WAL stream is followed only without")]
+    Tls(String),
+    #[error("cannot follow the WAL: {0}")]
+    Failed(String),
+    /// The server could not be reached: retry the session like any lost connection.
+    #[error("cannot reach the database to follow the WAL: {0}")]
+    Unreachable(String),
+}
+
+fn failed(e: PgWireError) -> Unavailable {
+    match e {
+        PgWireError::Io(e) => Unavailable::Unreachable(e.to_string()),
+        e => Unavailable::Failed(e.to_string()),
+    }
+}
+
+/// A running follower: a task that reads the stream and reopens it, and the wake-ups it sends.
+pub struct Follower {
+    woken: mpsc::Receiver<Woken>,
+    live: Arc<AtomicBool>,
+    /// Cancelled on drop too: a session that ends with an error drops its follower.
+    stop: DropGuard,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Follower {
+    /// Checks the server and the user, opens a slot and its stream, and starts following it.
+    /// Anything committed before this returns is the first scan's to find.
+    pub async fn start(pool: &PgPool, url: &SecretUrl) -> Result<Follower, Unavailable> {
+        let source = Source::new(url)?;
+        preflight(pool).await?;
+        let client = source.open().await?;
+        let (tx, woken) = mpsc::channel(1);
+        let live = Arc::new(AtomicBool::new(true));
+        let stop = CancellationToken::new();
+        let task = tokio::spawn(follow(source, client, tx, live.clone(), stop.clone()));
+        Ok(Follower {
+            woken,
+            live,
+            stop: stop.drop_guard(),
+            task,
+        })
+    }
+
+    /// The next wake-up; cancel-safe.
+    pub async fn next(&mut self) -> anyhow::Result<Woken> {
+        self.woken
+            .recv()
+            .await
+            .ok_or_else(|| anyhow::anyhow!("the WAL follower stopped"))
+    }
+
+    /// Whether the stream is connected (false while it reopens).
+    pub fn live(&self) -> bool {
+        self.live.load(Ordering::Relaxed)
+    }
+
+    /// Closes the replication connection (the server drops the slot) and waits for the task.
+    pub async fn close(self) {
+        drop(self.stop);
+        let _ = self.task.await;
+    }
+}
+
+/// The server's setting, the user's role and the publication, read over the relay's pool.
+async fn preflight(pool: &PgPool) -> Result<(), Unavailable> {
+    let row: Result<(String, bool, bool, String), sqlx::Error> = sqlx::query_as(
+        "SELECT current_setting('wal_level'),
+                COALESCE((SELECT rolreplication OR rolsuper FROM pg_roles
+                          WHERE rolname = current_user), false)
+                OR EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'rds_replication'
+                           AND pg_has_role(current_user, oid, 'member')),
+                EXISTS (SELECT 1 FROM pg_publication WHERE pubname = $1),
+                current_user::text",
+    )
+    .bind(PUBLICATION)
+    .fetch_one(pool)
+    .await;
+    let (level, replication, publication, user) = row.map_err(|e| match e {
+        sqlx::Error::Io(_) | sqlx::Error::PoolTimedOut => Unavailable::Unreachable(e.to_string()),
+        e => Unavailable::Failed(e.to_string()),
+    })?;
+    if level != "logical" {
+        return Err(Unavailable::NotLogical(level));
+    }
+    if !replication {
+        return Err(Unavailable::NoReplication(user));
+    }
+    if !publication {
+        return Err(Unavailable::NoPublication);
+    }
+    Ok(())
+}
+
+/// Where and how to connect: the relay's database URL, read as the pool reads it.
+#[derive(Clone)]
+struct Source {
+    host: String,
+    port: u16,
+    user: String,
+    password: String,
+    database: String,
+}
+
+impl Source {
+    fn new(url: &SecretUrl) -> Result<Source, Unavailable> {
+        let parsed: PgConnectOptions = url
+            .expose()
+            .parse()
+            .map_err(|e| Unavailable::Failed(format!("cannot read the database URL: {e}")))?;
+        match parsed.get_ssl_mode() {
+            PgSslMode::Disable | PgSslMode::Allow | PgSslMode::Prefer => {}
+            mode => return Err(Unavailable::Tls(format!("{mode:?}").to_lowercase())),
+        }
+        let password = url.url().password().map(|p| {
+            percent_encoding::percent_decode_str(p)
+                .decode_utf8_lossy()
+                .into_owned()
+        });
+        let host = match parsed.get_socket() {
+            Some(dir) => dir.to_string_lossy().into_owned(),
+            None => parsed.get_host().to_string(),
+        };
+        Ok(Source {
+            host,
+            port: parsed.get_port(),
+            user: parsed.get_username().to_string(),
+            password: password.unwrap_or_default(),
+            database: parsed.get_database().unwrap_or("postgres").to_string(),
+        })
+    }
+
+    /// Connects, creates a temporary slot and starts streaming from it.
+    async fn open(&self) -> Result<ReplicationClient, Unavailable> {
+        let slot = slot_name();
+        let config = ReplicationConfig::new(
+            &self.host,
+            &self.user,
+            &self.password,
+            &self.database,
+            &slot,
+            PUBLICATION,
+        )
+        .with_port(self.port)
+        .with_tls(TlsConfig::disabled())
+        .with_status_interval(STATUS_INTERVAL)
+        .with_buffer_size(64)
+        .with_application_name("mailroom relay (WAL wake-up)");
+        let opening = async {
+            let mut client = ReplicationClient::connect_gated(config)
+                .await
+                .map_err(failed)?;
+            let create = format!(
+                "CREATE_REPLICATION_SLOT {slot} TEMPORARY LOGICAL pgoutput NOEXPORT_SNAPSHOT"
+            );
+            client.simple_query(&create).await.map_err(refused)?;
+            client.start().await.map_err(failed)?;
+            client.wait_started().await.map_err(refused)?;
+            Ok(client)
+        };
+        match tokio::time::timeout(OPEN_TIMEOUT, opening).await {
+            Ok(opened) => opened,
+            Err(_) => Err(Unavailable::Failed(format!(
+                "no slot and stream within {OPEN_TIMEOUT:?} (a long transaction delays a new slot)"
+            ))),
+        }
+    }
+}
+
+/// A server's refusal of the slot or the stream, with the usual cause named.
+fn refused(e: PgWireError) -> Unavailable {
+    match e {
+        PgWireError::Server(m) if m.contains("replication slots are in use") => {
+            Unavailable::Failed(format!("{m} (raise max_replication_slots)"))
+        }
+        e => failed(e),
+    }
+}
+
+/// A slot name of its own per connection: several relays never share one.
+fn slot_name() -> String {
+    format!("mailroom_relay_{}", uuid::Uuid::new_v4().simple())
+}
+
+/// Reads the stream until `stop`, waking the relay after each committed outbox insert, and
+/// reopens it (then asks for one rescan) when it is lost.
+async fn follow(
+    source: Source,
+    mut client: ReplicationClient,
+    woken: mpsc::Sender<Woken>,
+    live: Arc<AtomicBool>,
+    stop: CancellationToken,
+) {
+    tracing::info!("following the WAL for outbox inserts (a temporary logical slot)");
+    loop {
+        let mut commits = OutboxCommits::default();
+        let lost = loop {
+            let event = tokio::select! {
+                _ = stop.cancelled() => {
+                    let _ = tokio::time::timeout(OPEN_TIMEOUT, client.shutdown()).await;
+                    return;
+                }
+                event = client.recv() => event,
+            };
+            match event {
+                Ok(Some(event)) => {
+                    if commits.on_event(&client, &event) {
+                        let _ = woken.try_send(Woken::Event);
+                    }
+                }
+                Ok(None) => break "the server ended the stream".to_string(),
+                Err(e) => break e.to_string(),
+            }
+        };
+        live.store(false, Ordering::Relaxed);
+        tracing::warn!(cause = lost, "WAL stream lost; opening a new slot");
+        client.abort();
+        let Some(reopened) = reopen(&source, &stop).await else {
+            return;
+        };
+        client = reopened;
+        live.store(true, Ordering::Relaxed);
+        tracing::info!("WAL stream reopened; rescanning the outbox");
+        let _ = woken.try_send(Woken::Resumed);
+    }
+}
+
+/// Reopens the stream with capped exponential backoff; `None` once `stop` is cancelled.
+async fn reopen(source: &Source, stop: &CancellationToken) -> Option<ReplicationClient> {
+    let mut backoff = broker::reconnect_backoff();
+    loop {
+        let wait = backoff.next().unwrap_or(broker::RECONNECT_MAX);
+        tokio::select! {
+            _ = stop.cancelled() => return None,
+            _ = tokio::time::sleep(wait) => {}
+        }
+        match source.open().await {
+            Ok(client) => return Some(client),
+            Err(e) => tracing::warn!(error = %e, retry_in = ?wait, "cannot reopen the WAL stream"),
+        }
+    }
+}
+
+/// Which events mean "a transaction that inserted outbox rows has committed": a pgoutput
+/// insert (the publication has no other table, no other operation) arms it, its commit fires.
+/// Every position received is confirmed, so the slot retains nothing.
+#[derive(Default)]
+pub(super) struct OutboxCommits {
+    armed: bool,
+}
+
+impl OutboxCommits {
+    fn on_event(&mut self, client: &ReplicationClient, event: &ReplicationEvent) -> bool {
+        match event {
+            ReplicationEvent::KeepAlive { wal_end, .. } => client.update_applied_lsn(*wal_end),
+            ReplicationEvent::Commit { end_lsn, .. } => client.update_applied_lsn(*end_lsn),
+            _ => {}
+        }
+        self.step(Step::of(event))
+    }
+
+    /// One step of the stream; true: wake now.
+    pub fn step(&mut self, step: Step) -> bool {
+        match step {
+            Step::Begin => {
+                self.armed = false;
+                false
+            }
+            Step::Insert => {
+                self.armed = true;
+                false
+            }
+            Step::Commit => std::mem::take(&mut self.armed),
+            Step::Other => false,
+        }
+    }
+}
+
+/// What a stream event is, for [`OutboxCommits`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Step {
+    Begin,
+    Insert,
+    Commit,
+    Other,
+}
+
+impl Step {
+    fn of(event: &ReplicationEvent) -> Step {
+        match event {
+            ReplicationEvent::Begin { .. } => Step::Begin,
+            ReplicationEvent::Commit { .. } => Step::Commit,
+            // pgoutput's insert message starts with 'I'; relation ('R') and type messages do not.
+            ReplicationEvent::XLogData { data, .. } if data.first() == Some(&b'I') => Step::Insert,
+            _ => Step::Other,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_outbox_insert_wakes_the_relay_at_its_commit_not_before() {
+        let mut c = OutboxCommits::default();
+        assert!(!c.step(Step::Begin));
+        assert!(!c.step(Step::Other), "the relation message");
+        assert!(!c.step(Step::Insert));
+        assert!(!c.step(Step::Insert), "more rows of the same transaction");
+        assert!(c.step(Step::Commit), "the commit wakes");
+        assert!(!c.step(Step::Commit), "once");
+    }
+
+    #[test]
+    fn a_transaction_without_outbox_inserts_does_not_wake_it() {
+        let mut c = OutboxCommits::default();
+        for step in [Step::Begin, Step::Other, Step::Commit] {
+            assert!(!c.step(step));
+        }
+    }
+
+    #[test]
+    fn a_url_that_asks_for_tls_is_not_followed_and_one_that_prefers_it_is() {
+        let source = |url: &str| Source::new(&url.parse().unwrap());
+        assert!(matches!(
+            source("postgres://u:p@db/mailroom?sslmode=require"),
+            Err(Unavailable::Tls(_))
+        ));
+        let ok = source("postgres://u:p%40ss@db:5433/mailroom").unwrap();
+        assert_eq!(
+            (ok.host.as_str(), ok.port, ok.password.as_str()),
+            ("db", 5433, "p@ss")
+        );
+    }
+
+    #[test]
+    fn each_slot_has_a_name_of_its_own_that_postgres_accepts() {
+        let (a, b) = (slot_name(), slot_name());
+        assert_ne!(a, b);
+        assert!(a.len() <= 63);
+        assert!(
+            a.chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
+        );
+    }
+}

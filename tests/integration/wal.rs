@@ -1,0 +1,268 @@
+//! PostgreSQL: the relay woken by the WAL (a temporary logical slot). The relays here probe
+//! rarely (from 200 ms after activity, doubling, up to an hour when idle), and each commit
+//! must show up in the relay's count of wake-ups, so a broken stream fails them. They need
+//! the server `scripts/services` sets up: `wal_level = logical` and the `REPLICATION`
+//! attribute for the test user.
+
+use std::sync::atomic::Ordering;
+
+use mailroom::db::Engine;
+use mailroom::relay::{RelayStats, WakeupMode};
+use sqlx::PgPool;
+
+use crate::helpers::*;
+
+const WHY: &str = "the WAL is PostgreSQL's (MySQL/MariaDB follow the binary log)";
+
+/// A relay that an idle outbox does not move: no probe within an hour once idle.
+const NO_PROBES: [&str; 6] = [
+    "--relay-poll-min",
+    "200ms",
+    "--relay-poll",
+    "1h",
+    "--relay-poll-max",
+    "1h",
+];
+
+fn load(stats: &RelayStats, pick: fn(&RelayStats) -> &std::sync::atomic::AtomicU64) -> u64 {
+    pick(stats).load(Ordering::Relaxed)
+}
+
+/// The test database, for the queries the helpers do not have.
+async fn pool(app: &TestApp) -> PgPool {
+    PgPool::connect(&app.db_url).await.unwrap()
+}
+
+/// The test app on a server whose WAL the relay can follow; fails, saying what to set up,
+/// on one it cannot.
+async fn app_on_logical_server() -> Option<TestApp> {
+    if !runs_on(Engine::Postgres, WHY) {
+        return None;
+    }
+    let app = TestApp::spawn().await;
+    let (level, replication): (String, bool) = sqlx::query_as(
+        "SELECT current_setting('wal_level'),
+                (SELECT rolreplication OR rolsuper FROM pg_roles WHERE rolname = current_user)",
+    )
+    .fetch_one(&pool(&app).await)
+    .await
+    .unwrap();
+    assert!(
+        level == "logical" && replication,
+        "wal_level is {level}, REPLICATION {replication}: run scripts/services (it sets \
+         wal_level = logical and grants REPLICATION to the test user)"
+    );
+    Some(app)
+}
+
+/// Waits for the relay's first scan (its wake-up source is open by then).
+async fn started(relay: &RunningRelay) {
+    eventually("the relay's first scan", || async {
+        (load(&relay.stats, |s| &s.scans) >= 1).then_some(())
+    })
+    .await;
+}
+
+/// Waits for `n` wake-ups by the WAL.
+async fn woken(relay: &RunningRelay, n: u64) {
+    eventually(&format!("{n} WAL wake-ups"), || async {
+        (load(&relay.stats, |s| &s.woken) >= n).then_some(())
+    })
+    .await;
+}
+
+async fn published(relay: &RunningRelay, n: u64) {
+    eventually(&format!("{n} rows published"), || async {
+        (relay.published() >= n).then_some(())
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_commit_wakes_an_idle_relay_through_the_wal() {
+    let Some(app) = app_on_logical_server().await else {
+        return;
+    };
+    let relay = app.start_relay(&NO_PROBES);
+    started(&relay).await;
+    assert_eq!(relay.stats.wakeup_mode(), WakeupMode::Wal);
+    for i in 1..=3 {
+        app.enqueue(&app.email_job(&format!("woken-{i}")))
+            .await
+            .unwrap();
+        woken(&relay, i).await;
+        published(&relay, i).await;
+    }
+    relay.stop().await;
+    assert_eq!(app.unpublished().await, 0);
+}
+
+#[tokio::test]
+async fn the_migrations_leave_producers_no_trigger_where_the_wal_is_followed() {
+    let Some(app) = app_on_logical_server().await else {
+        return;
+    };
+    let enabled: String = sqlx::query_scalar(
+        "SELECT tgenabled::text FROM pg_trigger
+         WHERE tgrelid = 'mailroom_outbox'::regclass AND tgname = 'mailroom_outbox_notify'",
+    )
+    .fetch_one(&pool(&app).await)
+    .await
+    .unwrap();
+    assert_eq!(enabled, "D", "the NOTIFY trigger is disabled");
+}
+
+#[tokio::test]
+async fn a_transaction_that_commits_after_later_ones_is_published_from_the_wal() {
+    let Some(app) = app_on_logical_server().await else {
+        return;
+    };
+    let relay = app.start_relay(&NO_PROBES);
+    started(&relay).await;
+    let mut early = app.begin().await;
+    early
+        .enqueue(&app.email_job("early-id-late-commit"))
+        .await
+        .unwrap();
+    app.enqueue(&app.email_job("late-id-early-commit"))
+        .await
+        .unwrap();
+    published(&relay, 1).await;
+    early.commit().await;
+    woken(&relay, 2).await;
+    published(&relay, 2).await;
+    relay.stop().await;
+    assert_eq!(app.unpublished().await, 0);
+}
+
+#[tokio::test]
+async fn a_killed_wal_connection_is_reopened_and_no_row_is_lost() {
+    let Some(app) = app_on_logical_server().await else {
+        return;
+    };
+    let relay = app.start_relay(&NO_PROBES);
+    started(&relay).await;
+    app.enqueue(&app.email_job("before-kill")).await.unwrap();
+    woken(&relay, 1).await;
+    published(&relay, 1).await;
+    let db = pool(&app).await;
+    let killed: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM (SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots
+         WHERE database = current_database() AND slot_name LIKE 'mailroom_relay_%'
+           AND active_pid IS NOT NULL) AS t",
+    )
+    .fetch_one(&db)
+    .await
+    .unwrap();
+    assert_eq!(killed, 1, "one WAL sender for the relay");
+    // Committed while the stream is down: found by the rescan after it reopens.
+    app.enqueue(&app.email_job("while-down")).await.unwrap();
+    eventually("the stream reopened", || async {
+        (load(&relay.stats, |s| &s.resumed) >= 1).then_some(())
+    })
+    .await;
+    published(&relay, 2).await;
+    let before = load(&relay.stats, |s| &s.woken);
+    app.enqueue(&app.email_job("after-reopen")).await.unwrap();
+    woken(&relay, before + 1).await;
+    published(&relay, 3).await;
+    assert_eq!(relay.stats.wakeup_mode(), WakeupMode::Wal);
+    relay.stop().await;
+    assert_eq!(app.unpublished().await, 0);
+}
+
+/// Commits `n` rows one by one and waits until the relay published them all.
+async fn publishes_everything(app: &TestApp, relay: &RunningRelay, prefix: &str, n: u64) {
+    for i in 0..n {
+        app.enqueue(&app.email_job(&format!("{prefix}-{i}")))
+            .await
+            .unwrap();
+    }
+    published(relay, n).await;
+    assert_eq!(app.unpublished().await, 0);
+}
+
+#[tokio::test]
+async fn without_the_publication_the_relay_falls_back_to_notify_where_the_trigger_is_on() {
+    let Some(app) = app_on_logical_server().await else {
+        return;
+    };
+    app.execute("DROP PUBLICATION mailroom_outbox_wakeup").await;
+    app.execute("ALTER TABLE mailroom_outbox ENABLE TRIGGER mailroom_outbox_notify")
+        .await;
+    let relay = app.start_relay(&NO_PROBES);
+    started(&relay).await;
+    assert_eq!(relay.stats.wakeup_mode(), WakeupMode::Notify);
+    for i in 1..=3 {
+        app.enqueue(&app.email_job(&format!("notified-{i}")))
+            .await
+            .unwrap();
+        woken(&relay, i).await;
+        published(&relay, i).await;
+    }
+    relay.stop().await;
+}
+
+#[tokio::test]
+async fn without_the_publication_or_the_trigger_the_relay_polls_and_publishes_everything() {
+    let Some(app) = app_on_logical_server().await else {
+        return;
+    };
+    app.execute("DROP PUBLICATION mailroom_outbox_wakeup").await;
+    app.execute("ALTER TABLE mailroom_outbox DISABLE TRIGGER mailroom_outbox_notify")
+        .await;
+    let relay = app.start_relay(&["--relay-poll-min", "10ms", "--relay-poll-max", "100ms"]);
+    started(&relay).await;
+    assert_eq!(relay.stats.wakeup_mode(), WakeupMode::Poll);
+    publishes_everything(&app, &relay, "polled", 20).await;
+    assert_eq!(load(&relay.stats, |s| &s.woken), 0);
+    relay.stop().await;
+}
+
+#[tokio::test]
+async fn several_relays_follow_the_wal_each_with_a_slot_of_its_own() {
+    let Some(app) = app_on_logical_server().await else {
+        return;
+    };
+    let relays = [app.start_relay(&NO_PROBES), app.start_relay(&NO_PROBES)];
+    for relay in &relays {
+        started(relay).await;
+        assert_eq!(relay.stats.wakeup_mode(), WakeupMode::Wal);
+    }
+    let slots: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM pg_replication_slots
+         WHERE database = current_database() AND temporary AND active",
+    )
+    .fetch_one(&pool(&app).await)
+    .await
+    .unwrap();
+    assert_eq!(slots, 2);
+    let total = 10;
+    for i in 0..total {
+        app.enqueue(&app.email_job(&format!("shared-{i}")))
+            .await
+            .unwrap();
+    }
+    eventually("every row published once", || async {
+        (relays.iter().map(|r| r.published()).sum::<u64>() >= total).then_some(())
+    })
+    .await;
+    for relay in relays {
+        relay.stop().await;
+    }
+    assert_eq!(app.unpublished().await, 0);
+    let db = pool(&app).await;
+    eventually(
+        "the stopped relays' slots gone: nothing retained",
+        || async {
+            let left: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM pg_replication_slots WHERE database = current_database()",
+            )
+            .fetch_one(&db)
+            .await
+            .unwrap();
+            (left == 0).then_some(())
+        },
+    )
+    .await;
+}
