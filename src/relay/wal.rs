@@ -59,7 +59,12 @@ pub enum Unavailable {
         "the publication {PUBLICATION} is missing (run `mailroom migrate` as the outbox's owner)"
     )]
     NoPublication,
-    #[error("the database URL asks for TLS (sslmode={0}); the WAL stream is followed only without")]
+    /// The stream has no TLS: it is followed only where the URL says `sslmode=disable`, or the
+    /// server is on this machine (loopback or a Unix socket), so it never crosses a network in
+    /// the clear while the relay's own connection is encrypted.
+    #[error(
+        "the WAL stream has no TLS, and the database URL (sslmode={0}) may encrypt a link that leaves this machine; it is followed only on loopback or with sslmode=disable"
+    )]
     Tls(String),
     #[error("cannot follow the WAL: {0}")]
     Failed(String),
@@ -169,8 +174,11 @@ impl Source {
             .expose()
             .parse()
             .map_err(|e| Unavailable::Failed(format!("cannot read the database URL: {e}")))?;
+        let on_machine =
+            parsed.get_socket().is_some() || crate::config::is_loopback(parsed.get_host());
         match parsed.get_ssl_mode() {
-            PgSslMode::Disable | PgSslMode::Allow | PgSslMode::Prefer => {}
+            PgSslMode::Disable => {}
+            PgSslMode::Allow | PgSslMode::Prefer if on_machine => {}
             mode => return Err(Unavailable::Tls(format!("{mode:?}").to_lowercase())),
         }
         let password = url.url().password().map(|p| {
@@ -382,17 +390,31 @@ mod tests {
     }
 
     #[test]
-    fn a_url_that_asks_for_tls_is_not_followed_and_one_that_prefers_it_is() {
+    fn the_stream_without_tls_never_leaves_the_machine_unless_the_url_says_disable() {
         let source = |url: &str| Source::new(&url.parse().unwrap());
-        assert!(matches!(
-            source("postgres://u:p@db/mailroom?sslmode=require"),
-            Err(Unavailable::Tls(_))
-        ));
-        let ok = source("postgres://u:p%40ss@db:5433/mailroom").unwrap();
+        for refused in [
+            "postgres://u:p@127.0.0.1/mailroom?sslmode=require",
+            "postgres://u:p@db/mailroom",
+            "postgres://u:p@db/mailroom?sslmode=prefer",
+            "postgres://u:p@10.0.0.5/mailroom?sslmode=allow",
+        ] {
+            assert!(
+                matches!(source(refused), Err(Unavailable::Tls(_))),
+                "{refused}"
+            );
+        }
+        let ok = source("postgres://u:p%40ss@127.0.0.1:5433/mailroom").unwrap();
         assert_eq!(
             (ok.host.as_str(), ok.port, ok.password.as_str()),
-            ("db", 5433, "p@ss")
+            ("127.0.0.1", 5433, "p@ss")
         );
+        for followed in [
+            "postgres://u:p@localhost/mailroom?sslmode=prefer",
+            "postgres://u:p@[::1]/mailroom",
+            "postgres://u:p@db/mailroom?sslmode=disable",
+        ] {
+            assert!(source(followed).is_ok(), "{followed}");
+        }
     }
 
     #[test]
