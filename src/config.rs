@@ -17,10 +17,13 @@
 //! | `MAILROOM_TEMPLATE_RELOAD_INTERVAL` | how often `worker`, `run` and `serve` check the template directory for edits |
 //! | `MAILROOM_METRICS_ADDR` | an own `/metrics` listener for `worker` or `relay` |
 //! | `MAILROOM_REPLAY_KEY` | seals replayed dead letters (default: a random key kept in the database) |
+//! | `MAILROOM_SMTP_RATE`, `MAILROOM_DOMAIN_LIMITS` | the account's send rate and the per-domain limits ([`limits`]) |
 //!
 //! URLs are held in [`SecretUrl`], whose `Display` and `Debug` never show a password (neither
 //! the one before `@` nor one in the query string, `?password=`, `?sslpassword=`, `?token=`, …),
 //! and `--help` never prints the values found in the environment.
+
+pub mod limits;
 
 use std::fmt;
 use std::str::FromStr;

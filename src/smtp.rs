@@ -70,6 +70,25 @@ impl std::fmt::Display for SendError {
     }
 }
 
+impl SendError {
+    /// Whether the server asked to slow down: a 421 reply, or a 4xx reply whose enhanced status
+    /// is 4.7.x (`421 4.7.28` from Gmail, `450 4.7.1` rate limits). lettre words a 4xx reply as
+    /// `transient error (CODE): TEXT`.
+    pub fn is_slow_down(&self) -> bool {
+        let SendError::Transient { reason } = self else {
+            return false;
+        };
+        let Some((_, rest)) = reason.split_once("transient error (") else {
+            return false;
+        };
+        let Some((code, text)) = rest.split_once(')') else {
+            return false;
+        };
+        let enhanced = text.trim_start_matches(':').trim_start();
+        code == "421" || (code.starts_with('4') && enhanced.starts_with("4.7."))
+    }
+}
+
 /// Why a message could not be built; always permanent.
 #[derive(Debug, thiserror::Error)]
 pub enum BuildError {

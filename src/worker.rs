@@ -19,6 +19,7 @@ mod breaker;
 pub mod heartbeat;
 pub mod histogram;
 pub mod lease;
+mod limit;
 #[cfg(test)]
 mod model;
 mod outcome;
@@ -29,6 +30,7 @@ mod send;
 mod settle;
 pub mod stats;
 mod suppress;
+pub mod throttle;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -79,6 +81,10 @@ pub struct WorkerSettings {
     pub name: String,
     /// `MAILROOM_REPLAY_KEY`; `None` reads (or creates) the key stored in the database.
     pub replay_key: Option<ReplayKey>,
+    /// `MAILROOM_SMTP_RATE`: the account's send rate, shared by the fleet.
+    pub smtp_rate: Option<crate::config::limits::Rate>,
+    /// `MAILROOM_DOMAIN_LIMITS`.
+    pub domain_limits: crate::config::limits::DomainLimits,
 }
 
 /// A worker: settings plus the database, templates and mailer it sends with.
@@ -93,6 +99,8 @@ pub struct Worker {
     breaker: breaker::Breaker,
     /// Checks the seal of replayed copies.
     replay_keys: ReplayKeys,
+    /// The sending limits, this worker's share of them.
+    throttle: Arc<throttle::Throttle>,
     /// The consuming connection of the session that is up, `None` between sessions
     /// (`/readyz`).
     live: tokio::sync::watch::Sender<Option<lapin::ConnectionStatus>>,
@@ -108,7 +116,13 @@ impl Worker {
         let stats = Arc::new(Stats::default());
         let breaker = breaker::Breaker::default();
         stats.follow_circuit(breaker.subscribe());
+        let throttle = Arc::new(throttle::Throttle::new(
+            settings.smtp_rate,
+            settings.domain_limits.clone(),
+        ));
+        stats.follow_throttle(throttle.clone());
         Worker {
+            throttle,
             replay_keys: ReplayKeys::new(settings.replay_key.clone(), db.clone()),
             settings,
             ledger: Ledger::direct(db.clone(), stats.ledger.clone()),
@@ -154,7 +168,8 @@ impl Worker {
             worker.db.clone(),
             worker.stats.clone(),
             &worker.settings.topology.exchange,
-        );
+        )
+        .sharing(worker.throttle.clone());
         let heartbeat = tokio::spawn(heartbeat.run(beats.clone()));
         if let Some(retention) = worker.settings.ledger_retention {
             let (db, stats) = (worker.db.clone(), worker.stats.clone());

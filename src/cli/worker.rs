@@ -98,6 +98,15 @@ pub struct WorkerArgs {
     /// DKIM signing domain (d=); default: the domain of --from.
     #[arg(long, env = "MAILROOM_DKIM_DOMAIN", requires = "dkim_key")]
     pub dkim_domain: Option<String>,
+    /// The account's send rate over all workers: 14/s, 600/min or 2000/h (each worker sends at
+    /// its share, the rate divided by the live workers). Default: unlimited.
+    #[arg(long, env = "MAILROOM_SMTP_RATE", value_parser = config::limits::parse_rate)]
+    pub smtp_rate: Option<config::limits::Rate>,
+    /// Per recipient domain, over all workers: "*=20/s max 8, gmail.com=5/s, yahoo.com=2/s max
+    /// 2" (`*` is every other domain; RATE and/or `max` sends at once). When set, a 421 or
+    /// 4.7.x reply halves that domain's rate for a while instead of spending an attempt.
+    #[arg(long, env = "MAILROOM_DOMAIN_LIMITS", value_parser = config::limits::parse_domain_limits, default_value = "")]
+    pub domain_limits: config::limits::DomainLimits,
     #[command(flatten)]
     pub metrics: MetricsOptions,
     #[command(flatten)]
@@ -134,6 +143,8 @@ impl WorkerArgs {
             template_reload_interval: self.template_reload_interval,
             metrics_addr: self.metrics.metrics_addr,
             dead_letter_retention: self.dead_letters.dead_letter_retention,
+            smtp_rate: self.smtp_rate,
+            domain_limits: self.domain_limits.clone(),
         }
     }
 

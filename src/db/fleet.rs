@@ -176,6 +176,37 @@ impl Database {
         }
     }
 
+    /// The workers of `namespace` that beat within `within` (by the database's clock) and have
+    /// not stopped.
+    pub async fn live_workers(
+        &self,
+        namespace: &str,
+        within: std::time::Duration,
+    ) -> sqlx::Result<i64> {
+        match self {
+            Database::Postgres(pool) => {
+                sqlx::query_scalar(
+                    "SELECT count(*) FROM mailroom_workers WHERE namespace = $1 \
+                     AND stopped_at IS NULL AND last_seen >= now() - make_interval(secs => $2)",
+                )
+                .bind(namespace)
+                .bind(within.as_secs_f64())
+                .fetch_one(pool)
+                .await
+            }
+            Database::MySql(pool) => {
+                sqlx::query_scalar(
+                    "SELECT count(*) FROM mailroom_workers WHERE namespace = ? \
+                     AND stopped_at IS NULL AND last_seen >= UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND",
+                )
+                .bind(namespace)
+                .bind(i64::try_from(within.as_micros()).unwrap_or(i64::MAX))
+                .fetch_one(pool)
+                .await
+            }
+        }
+    }
+
     /// The workers of `namespace` seen since `since`, oldest first.
     pub async fn workers_seen(
         &self,

@@ -447,3 +447,23 @@ async fn implicit_tls_to_a_plaintext_server_is_an_unreachable_server() {
         "the error names the server: {error}"
     );
 }
+
+#[tokio::test]
+async fn a_421_or_a_4_7_reply_asks_to_slow_down_and_other_refusals_do_not() {
+    let slow = |rcpt| Script {
+        rcpt,
+        ..Script::default()
+    };
+    let cases = [
+        ("421 4.7.28 rate limited, slow down", true),
+        ("421 4.3.2 closing", true),
+        ("450 4.7.1 too many messages, slow down", true),
+        ("451 4.3.0 try later", false),
+        ("550 5.7.1 refused", false),
+    ];
+    for (reply, expected) in cases {
+        let result = outcome(slow(reply)).await;
+        let asks = result.as_ref().err().is_some_and(SendError::is_slow_down);
+        assert_eq!(asks, expected, "{reply}: {result:?}");
+    }
+}

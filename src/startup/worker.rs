@@ -56,6 +56,10 @@ pub struct WorkerConfig {
     pub metrics_addr: Option<SocketAddr>,
     /// Replayed and purged dead-letter rows older than this are deleted.
     pub dead_letter_retention: Duration,
+    /// The account's send rate, shared by the fleet.
+    pub smtp_rate: Option<crate::config::limits::Rate>,
+    /// Per recipient domain: rate, concurrency, and slowing down on a slow-down reply.
+    pub domain_limits: crate::config::limits::DomainLimits,
 }
 
 /// DKIM as configured: the key file and selector, and the signing domain (`None`: the domain of
@@ -166,5 +170,7 @@ fn worker_settings(config: &WorkerConfig, concurrency: usize, prefetch: u16) -> 
         shutdown_grace: config.shutdown_grace,
         name: format!("mailroom worker (pid {})", std::process::id()),
         replay_key: config.broker.replay_key.clone(),
+        smtp_rate: config.smtp_rate,
+        domain_limits: config.domain_limits.clone(),
     }
 }

@@ -3,6 +3,9 @@
 //! counters, deliveries in flight, the SMTP circuit) and what it did in the current minute
 //! ([`crate::db::fleet`]). The console's overview reads the fleet and its last hour from there.
 //!
+//! When sending limits are configured, each beat also counts the live workers of the namespace
+//! (a third statement) and sets this worker's share of the limits ([`Throttle::set_workers`]).
+//!
 //! A beat costs two statements every ten seconds whatever the traffic, never a statement per
 //! email. A beat that fails (the database is down) is logged once and the next one writes the
 //! same absolute values, so nothing is counted twice or lost but the minutes the database missed
@@ -15,11 +18,14 @@ use chrono::{DateTime, DurationRound, TimeDelta, Utc};
 use tokio_util::sync::CancellationToken;
 
 use super::Stats;
+use super::throttle::Throttle;
 use crate::db::Database;
 use crate::db::fleet::{Beat, Counts};
 
 /// Time between beats (and the most a minute's last beat is late by, rounded to this).
 pub const INTERVAL: Duration = Duration::from_secs(10);
+/// A worker that beat within this long, and has not stopped, shares the sending limits.
+pub const LIVE_WITHIN: Duration = Duration::from_secs(30);
 /// Rows not written for this long are deleted (by any worker, at start and every few hours).
 const FORGET_AFTER: TimeDelta = TimeDelta::hours(24);
 const FORGET_EVERY: u32 = 6 * 360;
@@ -30,6 +36,8 @@ pub struct Heartbeat {
     db: Database,
     stats: Arc<Stats>,
     beat: Beat,
+    /// The limits whose share follows the fleet's size.
+    throttle: Option<Arc<Throttle>>,
 }
 
 impl Heartbeat {
@@ -58,7 +66,14 @@ impl Heartbeat {
                 circuit_open: false,
                 stopping: false,
             },
+            throttle: None,
         }
+    }
+
+    /// Counts the live workers at each beat and gives `throttle` this worker's share.
+    pub fn sharing(mut self, throttle: Arc<Throttle>) -> Heartbeat {
+        self.throttle = throttle.is_active().then_some(throttle);
+        self
     }
 
     /// This worker's id in `mailroom_workers`.
@@ -96,9 +111,37 @@ impl Heartbeat {
             if stopping {
                 return;
             }
+            self.share().await;
             tokio::select! {
                 _ = tokio::time::sleep(next_beat(Utc::now())) => {}
                 _ = stop.cancelled() => {}
+            }
+        }
+    }
+
+    /// Sets the throttle's share from the live workers counted now; on a failure the share
+    /// stays as it was.
+    async fn share(&self) {
+        let Some(throttle) = &self.throttle else {
+            return;
+        };
+        match self
+            .db
+            .live_workers(&self.beat.namespace, LIVE_WITHIN)
+            .await
+        {
+            Ok(n) => {
+                let n = u32::try_from(n).unwrap_or(u32::MAX).max(1);
+                if n != throttle.workers() {
+                    tracing::info!(
+                        workers = n,
+                        "live workers changed; sending limits shared anew"
+                    );
+                }
+                throttle.set_workers(n);
+            }
+            Err(e) => {
+                tracing::debug!(error = %crate::db::sqlx_text(&e), "cannot count the live workers; the share of the limits stays")
             }
         }
     }

@@ -18,6 +18,10 @@ pub enum Outcome {
         delay: Duration,
         until: chrono::DateTime<chrono::Utc>,
     },
+    /// Held back by a sending limit (a rate, a domain's concurrency, a domain that asked to slow
+    /// down): parked in the tier of `delay`, unclaimed (or its claim given back), with no
+    /// attempt counted.
+    Held { delay: Duration, reason: String },
     /// Give up: to the dead-letter queue with a reason an operator can act on.
     DeadLetter {
         class: ErrorClass,

@@ -68,9 +68,14 @@ impl Worker {
                     claimed,
                     replay,
                     session,
+                    pass,
                 } = taken;
-                self.use_claim(&job, claimed, replay, session, &templates)
-                    .await
+                let outcome = self
+                    .use_claim(&job, claimed, replay, session, &templates)
+                    .await;
+                // The domains' concurrency is held until the send ended.
+                drop(pass);
+                outcome
             }
             Err(outcome) => {
                 // No claim of ours: the delivery's own count (retries through the tiers).
@@ -110,6 +115,8 @@ impl Worker {
             return Err(self.retry(Duration::ZERO, "the mailer is closed".into()));
         };
         self.stats.observe_session_wait(waiting.elapsed());
+        // The sending limits: a short wait for the slot, or held back (still unclaimed).
+        let pass = self.pace(&job).await?;
         let message_id = self.mailer.message_id(&job.job.job_id, &job.job.kind);
         let request = self.claim_request(delivery, &job, &message_id).await?;
         let asked = Instant::now();
@@ -128,6 +135,7 @@ impl Worker {
                     claimed,
                     replay,
                     session,
+                    pass,
                 })
             }
             Claim::Refused(existing) => {
@@ -450,6 +458,8 @@ struct Taken<'s> {
     claimed: Claimed,
     replay: bool,
     session: Session<'s>,
+    /// The sending limits' pass, `None` without limits.
+    pass: Option<super::throttle::Pass>,
 }
 
 /// A claim this delivery holds: its attempt number, its token, and until when it may be used.

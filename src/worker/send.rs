@@ -117,6 +117,7 @@ impl Worker {
             let age = (chrono::Utc::now() - created).to_std().unwrap_or_default();
             self.stats.end_to_end.observe(age);
         }
+        self.count_sent(job);
         let masked = mask_addresses(reply);
         tracing::Span::current().record("smtp_reply", masked.as_str());
         tracing::debug!(target: WINDOW, window = "accepted", "SMTP accepted; recording sent");
@@ -134,6 +135,9 @@ impl Worker {
         attempt: i32,
         error: SendError,
     ) -> Outcome {
+        if self.throttle.adapts() && error.is_slow_down() {
+            return self.slowed_down(job, token, error.to_string()).await;
+        }
         match error {
             SendError::Permanent { reason } => {
                 self.suppress_bounced(job, &reason).await;

@@ -1,6 +1,6 @@
 //! Acting on an [`Outcome`]: every delivery ends here in exactly one ack, one reject, or one
 //! confirmed republish followed by an ack, and in exactly one log line with its `outcome`
-//! (`sent`, `duplicate`, `retry`, `deferred`, `suppressed` at INFO; `requeued`, `dead` at WARN, or ERROR when the dead
+//! (`sent`, `duplicate`, `retry`, `deferred`, `held`, `suppressed` at INFO; `requeued`, `dead` at WARN, or ERROR when the dead
 //! letter had to go through the queue's own dead-letter exchange). The delivery span adds
 //! `job_id`, `kind`, `attempt` and, after a send, `smtp_ms` and `smtp_reply`. Rejects are per
 //! delivery (`basic.reject`), never a bulk nack that could drag innocent deliveries along.
@@ -47,6 +47,9 @@ impl Worker {
             }
             Outcome::Defer { delay, until } => {
                 self.settle_defer(publisher, delivery, delay, until).await
+            }
+            Outcome::Held { delay, reason } => {
+                self.settle_held(publisher, delivery, delay, &reason).await
             }
             Outcome::DeadLetter {
                 class,
@@ -128,6 +131,49 @@ impl Worker {
         delay: Duration,
         until: chrono::DateTime<chrono::Utc>,
     ) {
+        if self.park(publisher, delivery, delay).await {
+            let delay_ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX);
+            let send_at = until.to_rfc3339();
+            tracing::info!(
+                outcome = "deferred",
+                delay_ms,
+                send_at,
+                "not due yet; parked"
+            );
+            Stats::bump(&self.stats.deferred);
+            self.ack(delivery).await;
+        }
+    }
+
+    /// Parks a job held back by a sending limit, like one not due yet.
+    async fn settle_held(
+        &self,
+        publisher: &broker::Publisher,
+        delivery: &Delivery,
+        delay: Duration,
+        reason: &str,
+    ) {
+        if self.park(publisher, delivery, delay).await {
+            let delay_ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX);
+            tracing::info!(
+                outcome = "held",
+                delay_ms,
+                reason = mask_addresses(reason),
+                "held back by a sending limit; parked"
+            );
+            Stats::bump(&self.stats.held);
+            self.ack(delivery).await;
+        }
+    }
+
+    /// Publishes a copy to the tier of `delay` (confirmed), its attempt count and last error
+    /// unchanged; if that fails, the delivery goes back to the queue instead (`false`).
+    async fn park(
+        &self,
+        publisher: &broker::Publisher,
+        delivery: &Delivery,
+        delay: Duration,
+    ) -> bool {
         let props = broker::with_headers(
             &delivery.properties,
             &[(
@@ -141,21 +187,11 @@ impl Worker {
             .publish(exchange, key, &delivery.data, props)
             .await
         {
-            Ok(()) => {
-                let delay_ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX);
-                let send_at = until.to_rfc3339();
-                tracing::info!(
-                    outcome = "deferred",
-                    delay_ms,
-                    send_at,
-                    "not due yet; parked"
-                );
-                Stats::bump(&self.stats.deferred);
-                self.ack(delivery).await;
-            }
+            Ok(()) => true,
             Err(e) => {
-                tracing::warn!(outcome = "requeued", error = %e, "cannot park the job until it is due; returning the delivery to the queue");
+                tracing::warn!(outcome = "requeued", error = %e, "cannot park the job in a delay tier; returning the delivery to the queue");
                 self.reject(delivery, true).await;
+                false
             }
         }
     }

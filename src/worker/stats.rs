@@ -14,6 +14,7 @@ use std::time::Duration;
 use tokio::sync::watch;
 
 use super::histogram::{END_TO_END_BUCKETS, Histogram, SMTP_BUCKETS};
+use super::throttle::Throttle;
 use crate::db::group::LedgerStats;
 
 /// Counts by label pair, for the few labelled counters.
@@ -51,6 +52,8 @@ pub struct Stats {
     pub retried: AtomicU64,
     /// Deliveries of jobs not due yet (`send_at`), parked in a delay tier unclaimed.
     pub deferred: AtomicU64,
+    /// Deliveries held back by a sending limit, parked in a delay tier unclaimed.
+    pub held: AtomicU64,
     /// Jobs not sent because every `to` address is suppressed.
     pub suppressed: AtomicU64,
     /// Addresses suppressed after a hard bounce.
@@ -75,6 +78,8 @@ pub struct Stats {
     in_flight: AtomicI64,
     /// Whether the SMTP circuit breaker is open (set once the worker is built).
     circuit: OnceLock<watch::Receiver<bool>>,
+    /// The sending limits and their per-domain counters (set once the worker is built).
+    throttle: OnceLock<Arc<Throttle>>,
     /// Job `created_at` → SMTP accepted.
     pub end_to_end: Histogram,
     /// The claim ledger's group commits.
@@ -90,6 +95,7 @@ pub struct Snapshot {
     pub duplicates: u64,
     pub retried: u64,
     pub deferred: u64,
+    pub held: u64,
     pub suppressed: u64,
     pub dead_lettered: u64,
     pub unsettled: u64,
@@ -103,6 +109,7 @@ impl Default for Stats {
             duplicates: AtomicU64::new(0),
             retried: AtomicU64::new(0),
             deferred: AtomicU64::new(0),
+            held: AtomicU64::new(0),
             suppressed: AtomicU64::new(0),
             bounces_suppressed: AtomicU64::new(0),
             dead_lettered: AtomicU64::new(0),
@@ -115,6 +122,7 @@ impl Default for Stats {
             by_kind: Mutex::default(),
             in_flight: AtomicI64::new(0),
             circuit: OnceLock::new(),
+            throttle: OnceLock::new(),
             end_to_end: Histogram::new(END_TO_END_BUCKETS),
             ledger: Arc::default(),
             settled: watch::channel(0).0,
@@ -166,6 +174,15 @@ impl Stats {
         let _ = self.circuit.set(open);
     }
 
+    pub(crate) fn follow_throttle(&self, throttle: Arc<Throttle>) {
+        let _ = self.throttle.set(throttle);
+    }
+
+    /// The worker's sending limits; `None` before a worker is built.
+    pub fn throttle(&self) -> Option<&Arc<Throttle>> {
+        self.throttle.get()
+    }
+
     /// Whether the SMTP circuit is open; `None` before a worker follows it.
     pub fn circuit_open(&self) -> Option<bool> {
         self.circuit.get().map(|rx| *rx.borrow())
@@ -206,6 +223,7 @@ impl Stats {
             duplicates: get(&self.duplicates),
             retried: get(&self.retried),
             deferred: get(&self.deferred),
+            held: get(&self.held),
             suppressed: get(&self.suppressed),
             dead_lettered: get(&self.dead_lettered),
             unsettled: get(&self.unsettled),

@@ -49,4 +49,5 @@ mod smtp_faults;
 mod soak;
 mod suppression;
 mod templates;
+mod throttle;
 mod topology;

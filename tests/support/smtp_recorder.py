@@ -6,14 +6,17 @@ Run it with Debian's interpreter, /usr/bin/python3, which has python3-aiosmtpd (
 used: aiosmtpd.smtp.SMTP with a handler's handle_MAIL / handle_RCPT / handle_DATA.
 
     /usr/bin/python3 tests/support/smtp_recorder.py --port 0 --log received.jsonl \\
-        [--maildir DIR] [--fail STAGE:CODE[:COUNT]]... [--data-delay SECONDS] [--stall-file FILE] \\
+        [--maildir DIR] [--fail STAGE:CODE[:COUNT[:DOMAIN]]]... [--data-delay SECONDS] [--stall-file FILE] \\
         [--stall-greeting COUNT] [--lose-reply close|silent[:COUNT]] [--max-sessions N]
 
 Once listening it prints one line, `LISTENING <port>`, to stdout. Every ACCEPTED message is
-appended to --log as one JSON line {"mail_from", "rcpt_tos", "message_id", "data"} and fsynced
+appended to --log as one JSON line {"mail_from", "rcpt_tos", "message_id", "data",
+"received_at" (Unix time in seconds, when the final dot arrived)} and fsynced
 before the client is told 250, so a reader that sees 250 finds the line. --fail RCPT:451:2
 answers the first two RCPT commands (counted over all connections) with 451; without a count,
-always. Several --fail options for one stage are used in the order given. A 421 reply also
+always; --fail RCPT:421:5:slow.test answers only RCPT commands to addresses @slow.test
+(COUNT may be empty: RCPT:421::slow.test always). Several --fail options for one stage are
+used in the order given. A 421 reply also
 closes the connection, as RFC 5321 says it should. STAGE is MAIL, RCPT, DATACMD (the DATA
 command, before any content) or DATA (alias DOT: the reply to the final dot).
 
@@ -42,6 +45,7 @@ import os
 import re
 import signal
 import sys
+import time
 
 from aiosmtpd.smtp import SMTP
 
@@ -65,14 +69,17 @@ class FailRule:
         parts = spec.split(":")
         if parts:
             parts[0] = STAGE_ALIASES.get(parts[0].upper(), parts[0].upper())
-        if len(parts) not in (2, 3) or parts[0] not in STAGES:
+        if len(parts) not in (2, 3, 4) or parts[0] not in STAGES:
             raise argparse.ArgumentTypeError(
-                f"--fail {spec!r}: expected STAGE:CODE[:COUNT], STAGE one of {', '.join(STAGES)}"
+                f"--fail {spec!r}: expected STAGE:CODE[:COUNT[:DOMAIN]], STAGE one of {', '.join(STAGES)}"
             )
         self.stage = parts[0]
+        self.domain = parts[3].lower() if len(parts) == 4 else None
+        if self.domain is not None and self.stage != "RCPT":
+            raise argparse.ArgumentTypeError(f"--fail {spec!r}: only RCPT rules name a DOMAIN")
         try:
             self.code = int(parts[1])
-            self.remaining = int(parts[2]) if len(parts) == 3 else None  # None: always
+            self.remaining = int(parts[2]) if len(parts) >= 3 and parts[2] else None  # None: always
         except ValueError:
             raise argparse.ArgumentTypeError(f"--fail {spec!r}: CODE and COUNT are numbers")
         if not 400 <= self.code <= 599:
@@ -141,10 +148,13 @@ class Recorder:
                 pass
         return self.data_delay
 
-    def injected(self, server, stage):
-        """The failure reply for this stage, if a --fail rule still applies, else None."""
+    def injected(self, server, stage, address=None):
+        """The failure reply for this stage (and RCPT address), if a --fail rule still applies,
+        else None."""
         for rule in self.rules:
             if rule.stage != stage or rule.remaining == 0:
+                continue
+            if rule.domain is not None and not (address or "").lower().endswith("@" + rule.domain):
                 continue
             if rule.remaining is not None:
                 rule.remaining -= 1
@@ -166,7 +176,7 @@ class Recorder:
         return "250 OK"
 
     async def handle_RCPT(self, server, session, envelope, address, rcpt_options):
-        reply = self.injected(server, "RCPT")
+        reply = self.injected(server, "RCPT", address)
         if reply:
             return reply
         envelope.rcpt_tos.append(address)
@@ -196,6 +206,7 @@ class Recorder:
                 "message_id": message_id,
                 # errors="replace": JSON readers (serde_json) reject lone surrogates.
                 "data": raw.decode("utf-8", errors="replace"),
+                "received_at": time.time(),
             }
             self.log.write(json.dumps(record, ensure_ascii=False) + "\n")
             self.log.flush()
@@ -272,8 +283,9 @@ def parse_args(argv):
     p.add_argument("--log", help="append one JSON line per accepted message")
     p.add_argument("--maildir", help="also write each accepted message as DIR/<n>-<id>.eml")
     p.add_argument("--fail", type=FailRule, action="append", default=[],
-                   metavar="STAGE:CODE[:COUNT]",
-                   help="answer MAIL, RCPT or DATA (the final dot) with CODE, COUNT times")
+                   metavar="STAGE:CODE[:COUNT[:DOMAIN]]",
+                   help="answer MAIL, RCPT or DATA (the final dot) with CODE, COUNT times "
+                        "(RCPT: only to addresses @DOMAIN, when given)")
     p.add_argument("--data-delay", type=float, default=0.0, metavar="SECONDS",
                    help="wait this long before answering the final dot of DATA")
     p.add_argument("--stall-greeting", type=int, default=0, metavar="COUNT",

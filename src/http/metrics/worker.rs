@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::text::{counter, gauge, header, histogram_samples, sample};
+use crate::worker::throttle::DomainCounts;
 use crate::worker::{KindStats, Stats};
 
 /// Writes the worker's section. `kinds` are the template kinds: each gets its `sent` and
@@ -43,6 +44,13 @@ pub fn write(out: &mut String, w: &Stats, kinds: &[String]) {
         "Addresses added to the suppression list after a hard bounce (5.1.1, 5.1.2, 5.1.10).",
         w.bounces_suppressed.load(Ordering::Relaxed),
     );
+    counter(
+        out,
+        "mailroom_held_total",
+        "Deliveries held back by a sending limit (MAILROOM_SMTP_RATE, MAILROOM_DOMAIN_LIMITS, a slowed-down domain), parked in a delay tier without spending an attempt.",
+        w.held.load(Ordering::Relaxed),
+    );
+    domains(out, w);
     dead_lettered(out, w);
     unsettled(out, w);
     gauges(out, w);
@@ -79,6 +87,55 @@ fn by_kind(out: &mut String, w: &Stats, kinds: &[String]) {
                 pick(s).load(Ordering::Relaxed),
             );
         }
+    }
+}
+
+/// The sending limits: the live workers sharing them, and per domain label (listed domains,
+/// the rest as `other`) the emails sent, held back, the slow-downs and whether one is slowed.
+fn domains(out: &mut String, w: &Stats) {
+    let Some(throttle) = w.throttle().filter(|t| t.is_active()) else {
+        return;
+    };
+    gauge(
+        out,
+        "mailroom_throttle_workers",
+        "Live workers sharing the sending limits, as this worker last counted them.",
+        throttle.workers(),
+    );
+    let counts = throttle.counts();
+    type Pick = fn(&DomainCounts) -> u64;
+    let families: [(&str, &str, Pick); 3] = [
+        (
+            "mailroom_domain_sent_total",
+            "Emails the SMTP server accepted, by recipient domain (listed domains; the rest are other).",
+            |c| c.sent,
+        ),
+        (
+            "mailroom_domain_held_total",
+            "Deliveries held back by a sending limit, by recipient domain.",
+            |c| c.held,
+        ),
+        (
+            "mailroom_domain_slow_downs_total",
+            "Slow-down replies (421, 4.7.x) that halved the domain's rate.",
+            |c| c.slow_downs,
+        ),
+    ];
+    for (name, help, pick) in families {
+        header(out, name, "counter", help);
+        for (label, c, _) in &counts {
+            sample(out, name, &[("domain", label)], pick(c));
+        }
+    }
+    let name = "mailroom_domain_slowed";
+    header(
+        out,
+        name,
+        "gauge",
+        "1 while the domain (or, for other, any unlisted domain) sends below its rate after a slow-down reply.",
+    );
+    for (label, _, slowed) in &counts {
+        sample(out, name, &[("domain", label)], u64::from(*slowed));
     }
 }
 

@@ -247,7 +247,9 @@ async fn a_letters_page_shows_its_error_x_death_and_the_email_in_a_sandboxed_fra
 
 #[tokio::test]
 async fn a_selection_is_purged_after_its_confirmation_and_the_rest_stays_dead() {
-    let app = TestApp::spawn_with(&["--fail", "RCPT:550"]).await;
+    // 554, not 550 5.1.1: a 5.1.1 bounce suppresses the address, and the next job to it would
+    // be suppressed instead of dead-lettered.
+    let app = TestApp::spawn_with(&["--fail", "RCPT:554"]).await;
     let worker = app.start_worker(&[]);
     dead_through_a_worker(&app, &worker, &["p-0", "p-1", "p-2"], &[]).await;
     worker.stop().await;

@@ -20,7 +20,7 @@ use serde_json::{Value, json};
 use sqlx::Executor as _;
 
 use super::broker::DeadLetter;
-use super::database::{TestTx, create_database, drop_database};
+use super::database::{TestTx, create_database, database_name, drop_database};
 
 /// Retry tiers short enough for tests.
 pub const TEST_RETRY_DELAYS: &str = "200ms,500ms,1s";
@@ -61,7 +61,7 @@ impl TestApp {
     pub async fn spawn_on(amqp_url: String, smtp_args: &[&str]) -> TestApp {
         init_logs();
         let id = uuid::Uuid::new_v4().simple().to_string();
-        let db_name = format!("mailroom_test_{}", &id[..16]);
+        let db_name = database_name(&id[..16]);
         let db_url = create_database(&db_name).await;
         let db = Database::connect_lazy(&db_url.parse::<SecretUrl>().unwrap(), 8).unwrap();
         db.migrate().await.unwrap();

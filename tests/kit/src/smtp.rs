@@ -3,6 +3,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
+use std::sync::Mutex;
 use std::time::Duration;
 
 use tokio::io::{AsyncBufReadExt, BufReader};
@@ -17,12 +18,19 @@ pub struct Received {
     pub rcpt_tos: Vec<String>,
     pub message_id: Option<String>,
     pub data: String,
+    /// When the final dot arrived, in seconds since the Unix epoch.
+    #[serde(default)]
+    pub received_at: f64,
 }
 
 /// A real SMTP server (tests/support/smtp_recorder.py) that logs every accepted message.
 pub struct SmtpServer {
     pub port: u16,
     log: PathBuf,
+    /// What was read of the log so far: its length in bytes and its records. Waits poll the
+    /// log every few milliseconds; reading only what was appended keeps a wait for 5,000
+    /// emails from parsing the whole log again on each poll.
+    read: Mutex<(usize, Vec<Received>)>,
     _child: Child,
 }
 
@@ -54,6 +62,7 @@ impl SmtpServer {
         SmtpServer {
             port,
             log,
+            read: Mutex::new((0, Vec::new())),
             _child: child,
         }
     }
@@ -64,15 +73,17 @@ impl SmtpServer {
 
     /// Everything accepted so far.
     pub fn received(&self) -> Vec<Received> {
-        match std::fs::read_to_string(&self.log) {
+        let mut read = self.read.lock().unwrap();
+        let (offset, records) = &mut *read;
+        if let Ok(new) = read_from(&self.log, *offset) {
             // The last line may still be being written: take complete lines only.
-            Ok(text) => text
-                .split_inclusive('\n')
-                .filter(|l| l.ends_with('\n'))
-                .map(|l| serde_json::from_str(l).unwrap())
-                .collect(),
-            Err(_) => vec![],
+            let complete = new.iter().rposition(|b| *b == b'\n').map_or(0, |i| i + 1);
+            for line in new[..complete].split_inclusive(|b| *b == b'\n') {
+                records.push(serde_json::from_slice(line).unwrap());
+            }
+            *offset += complete;
         }
+        records.clone()
     }
 
     /// Waits until at least `n` emails were accepted, and returns them all.
@@ -99,4 +110,14 @@ impl SmtpServer {
             .filter(|r| r.message_id.as_deref() == Some(message_id))
             .count()
     }
+}
+
+/// The bytes of `path` from `offset` on.
+fn read_from(path: &Path, offset: usize) -> std::io::Result<Vec<u8>> {
+    use std::io::{Read as _, Seek as _};
+    let mut file = std::fs::File::open(path)?;
+    file.seek(std::io::SeekFrom::Start(offset as u64))?;
+    let mut new = Vec::new();
+    file.read_to_end(&mut new)?;
+    Ok(new)
 }
