@@ -17,9 +17,11 @@ use tokio::time::Instant;
 
 use crate::helpers::*;
 use harness::*;
+use nodes::*;
 
 mod harness;
 mod load;
+mod nodes;
 
 /// How long a killed node stays dead before it is restarted.
 const OUTAGE: Duration = Duration::from_secs(12);

@@ -10,6 +10,7 @@ use tokio::time::Instant;
 
 use super::OUTAGE;
 use super::harness::*;
+use super::nodes::*;
 use crate::helpers::*;
 
 /// The AMQP heartbeat the processes ask for in these tests (RabbitMQ proposes 60 s; the lower
@@ -70,20 +71,8 @@ async fn disruptive_cluster_node_of_the_workers_stopped_gracefully_loses_nothing
     let (app, leader) = app_and_leader(&urls).await;
     let urls = urls_from(&urls, leader, "");
     let in_fault = app.clone();
-    let fault = |pids: [u32; 2]| async move {
-        let names = pids.map(|pid| format!("mailroom worker (pid {pid})"));
-        eventually_within(
-            Duration::from_secs(10),
-            "both workers on the node",
-            || async {
-                let conns = ctl(leader, &["list_connections", "name"]).await;
-                names
-                    .iter()
-                    .all(|n| conns.contains(n.as_str()))
-                    .then_some(())
-            },
-        )
-        .await;
+    let fault = |fleet: Fleet| async move {
+        await_connected(leader, &fleet.worker_names()).await;
         ctl(leader, &["stop_app"]).await;
         tokio::time::sleep(OUTAGE).await;
         let started = Instant::now();
