@@ -46,7 +46,7 @@ async fn disruptive_cluster_work_queue_leader_killed_and_restarted_loses_and_sta
         return;
     };
     let first = urls.split(',').next().unwrap().to_string();
-    let app = Arc::new(TestApp::spawn_on(first, &[]).await);
+    let app = Arc::new(TestApp::spawn_on(first, SLOW_SERVER).await);
     let layout = quorum_layout(2).await;
     let work = layout[&app.topology.queue].clone();
     assert_eq!(
@@ -78,7 +78,7 @@ async fn disruptive_cluster_home_node_of_a_classic_dead_queue_killed_stops_nothi
         return;
     };
     let nodes: Vec<&str> = urls.split(',').collect();
-    let app = Arc::new(TestApp::spawn_on(nodes[0].to_string(), &[]).await);
+    let app = Arc::new(TestApp::spawn_on(nodes[0].to_string(), SLOW_SERVER).await);
     // An installation not yet migrated: <ns>.dead classic, its home node 2.
     let on_node_2 = lapin::Connection::connect(nodes[1], Default::default())
         .await

@@ -30,6 +30,9 @@ const MIN_JOBS: usize = 400;
 const TAIL: usize = 40;
 /// The fault starts once this many jobs were sent.
 const SENT_BEFORE_FAULT: usize = 50;
+/// The SMTP server of the cluster tests takes 0.2 s over each message, so that deliveries are
+/// being sent when the fault begins.
+pub const SLOW_SERVER: &[&str] = &["--data-delay", "0.2"];
 /// How long the last jobs may take to arrive once the fault is over.
 const DRAIN: Duration = Duration::from_secs(120);
 
@@ -174,6 +177,12 @@ where
     };
 
     app.smtp.wait_for(SENT_BEFORE_FAULT).await;
+    // The fault must hit work in flight: jobs committed and not yet sent.
+    eventually("a job committed and not yet sent", || async {
+        let in_flight = committed.load(Ordering::Relaxed) - distinct(&app.smtp.received());
+        (in_flight > 0).then_some(())
+    })
+    .await;
     let fleet = Fleet {
         workers: workers.each_ref().map(|w| w.id().expect("worker running")),
     };
@@ -202,6 +211,9 @@ where
         stop_process(child).await;
     }
     let duplicates = explain_duplicates(&logs, &ids, &copies);
+    if !duplicates.is_empty() || std::env::var_os("MAILROOM_TEST_KEEP_LOGS").is_some() {
+        eprintln!("cluster: the processes' logs: {}", keep(&logs).display());
+    }
     assert_queues_empty(app, urls).await;
     assert_eq!(app.unpublished().await, 0);
     let (stall, stall_at) = longest_stall(&samples, at, jobs);

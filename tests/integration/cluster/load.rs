@@ -20,10 +20,21 @@ const HEARTBEAT_SECONDS: u64 = 5;
 /// the connection up.
 const FREEZE: Duration = Duration::from_secs(4 * HEARTBEAT_SECONDS);
 
+/// Thaws the node of this pid when dropped, also when the test fails while it is frozen.
+struct Thaw(String);
+
+impl Drop for Thaw {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("kill")
+            .args(["-CONT", &self.0])
+            .status();
+    }
+}
+
 /// The app, and the node leading its work queue.
 async fn app_and_leader(urls: &str) -> (Arc<TestApp>, u8) {
     let first = urls.split(',').next().unwrap().to_string();
-    let app = Arc::new(TestApp::spawn_on(first, &[]).await);
+    let app = Arc::new(TestApp::spawn_on(first, SLOW_SERVER).await);
     let layout = quorum_layout(1).await;
     let work = &layout[&app.topology.queue];
     assert_eq!(
@@ -44,6 +55,7 @@ async fn disruptive_cluster_leader_frozen_past_the_heartbeat_then_thawed_loses_n
     let urls = urls_from(&urls, leader, &format!("heartbeat={HEARTBEAT_SECONDS}"));
     let pid = cluster_script(&["--pid", &leader.to_string()]).await;
     let fault = |_| async {
+        let _thaw = Thaw(pid.clone());
         signal(&pid, "-STOP").await;
         tokio::time::sleep(FREEZE).await;
         let thawed = Instant::now();
@@ -56,10 +68,11 @@ async fn disruptive_cluster_leader_frozen_past_the_heartbeat_then_thawed_loses_n
         &format!("leader rmqc{leader} frozen for {FREEZE:?}"),
         &outage,
     );
-    assert!(
-        outage.sent_while_down > 0,
-        "work went on while it was frozen"
-    );
+    // Nothing flows again before the thaw (docs/GUARANTEES.md): the processes reach another
+    // node, but declaring the topology there waits for the frozen one. What is checked: both
+    // workers lost their sessions with work in flight, and nothing was lost or sent twice
+    // outside the uncertain window.
+    assert!(outage.sessions_ended >= 2, "both workers lost their node");
 }
 
 #[tokio::test]
