@@ -193,13 +193,15 @@ pub fn is_loopback(host: &str) -> bool {
 }
 
 /// Parses the sender mailbox (`--from`): `shop@example.com` or `Shop <shop@example.com>`.
+/// An internationalised domain is kept in its ASCII form, as the jobs' addresses are.
 pub fn parse_from(s: &str) -> Result<Mailbox, String> {
-    s.trim().parse().map_err(|_| {
+    let mailbox = s.trim().parse().map_err(|_| {
         format!(
             "{s:?} is not an email address: --from must be an email address such as \
              `Shop <shop@example.com>` or `shop@example.com`"
         )
-    })
+    })?;
+    crate::job::with_ascii_domain(mailbox).map_err(|why| format!("--from {s:?}: {why}"))
 }
 
 /// Refuses a plain `smtp://` URL (no `tls=`, or `tls=none`) to a host that is not loopback,
@@ -254,6 +256,8 @@ mod tests {
                 .to_string(),
             "shop@example.com"
         );
+        let idn = parse_from("Bäckerei <laden@bäckerei.de>").unwrap();
+        assert_eq!(idn.email.to_string(), "laden@xn--bckerei-5wa.de");
     }
 
     #[test]

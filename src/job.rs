@@ -262,19 +262,6 @@ fn check_extra_header(name: &str, value: &str) -> Result<(), JobError> {
     check_no_control(&field, value)
 }
 
-fn parse_mailboxes(field: &str, raw: &[String]) -> Result<Vec<Mailbox>, JobError> {
-    raw.iter()
-        .enumerate()
-        .map(|(i, value)| parse_mailbox(&format!("{field}[{i}]"), value))
-        .collect()
-}
-
-fn parse_mailbox(field: &str, raw: &str) -> Result<Mailbox, JobError> {
-    check_no_control(field, raw)?;
-    raw.parse::<Mailbox>()
-        .map_err(|e| invalid(field, format!("not a valid RFC 5322 mailbox ({e})")))
-}
-
 /// `text` cut to at most `max` bytes at a character boundary, ending in `…` when it was cut: for
 /// reasons and replies copied into headers and the ledger, whose full text is in the log.
 pub fn clip(text: &str, max: usize) -> String {
@@ -288,62 +275,13 @@ pub fn clip(text: &str, max: usize) -> String {
     format!("{}…", &text[..end])
 }
 
-/// The longest normalised address the ledger keeps for the recipient search (MariaDB's column
-/// is `VARBINARY(1000)`); a longer one is not kept, and its job is found by other filters.
-pub const MAX_RECIPIENT_BYTES: usize = 1000;
+mod address;
 
-/// An address as the recipient search compares it: the domain in lower case (domains are
-/// case-insensitive), the local part exactly as given (RFC 5321: it may be case-sensitive).
-pub fn normalised_address(address: &str) -> String {
-    match address.rsplit_once('@') {
-        Some((local, domain)) => format!("{local}@{}", domain.to_lowercase()),
-        None => address.to_string(),
-    }
-}
-
-/// [`normalised_address`] when it fits the ledger's column, for the claim to store.
-pub fn recipient_to_store(address: &str) -> Option<String> {
-    Some(normalised_address(address)).filter(|a| a.len() <= MAX_RECIPIENT_BYTES)
-}
-
-/// Masks an address for logs: `ada@example.com` → `a***@example.com`.
-pub fn mask_email(address: &str) -> String {
-    match address.rsplit_once('@') {
-        Some((local, domain)) => {
-            let first = local.chars().next().map(String::from).unwrap_or_default();
-            format!("{first}***@{domain}")
-        }
-        None => "***".to_string(),
-    }
-}
-
-/// Masks every email address in `text` (SMTP replies often quote the recipient).
-pub fn mask_addresses(text: &str) -> String {
-    let is_addr_char = |c: char| c.is_alphanumeric() || "._%+-@".contains(c);
-    let mut out = String::with_capacity(text.len());
-    let mut word = String::new();
-    let flush = |word: &mut String, out: &mut String| {
-        let looks_like_address = word
-            .split_once('@')
-            .is_some_and(|(l, d)| !l.is_empty() && d.contains('.') && !d.contains('@'));
-        if looks_like_address {
-            out.push_str(&mask_email(word));
-        } else {
-            out.push_str(word);
-        }
-        word.clear();
-    };
-    for c in text.chars() {
-        if is_addr_char(c) {
-            word.push(c);
-        } else {
-            flush(&mut word, &mut out);
-            out.push(c);
-        }
-    }
-    flush(&mut word, &mut out);
-    out
-}
+pub use address::{
+    MAX_RECIPIENT_BYTES, mask_addresses, mask_email, normalised_address, recipient_to_store,
+    with_ascii_domain,
+};
+use address::{parse_mailbox, parse_mailboxes};
 
 #[cfg(test)]
 mod tests;

@@ -70,22 +70,47 @@ impl std::fmt::Display for SendError {
     }
 }
 
+/// Marks the domain of the recipient a RCPT TO reply refused, in a failure's text.
+pub const RCPT_DOMAIN: &str = "refused at RCPT TO for domain ";
+
+/// What a slow-down reply is about, and so what it slows (docs/OPERATING.md, "Sending limits").
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SlowDown {
+    /// A 4.7.x reply to one RCPT TO: that recipient's domain (lower case).
+    Recipient(String),
+    /// A 4.7.x reply to MAIL FROM, DATA or the message: every recipient domain of the job.
+    Message,
+    /// A 421 without a 4.7.x status: the server closes the session, whatever the recipients.
+    Server,
+}
+
 impl SendError {
     /// Whether the server asked to slow down: a 421 reply, or a 4xx reply whose enhanced status
-    /// is 4.7.x (`421 4.7.28` from Gmail, `450 4.7.1` rate limits). lettre words a 4xx reply as
-    /// `transient error (CODE): TEXT`.
+    /// is 4.7.x (`421 4.7.28` from Gmail, `450 4.7.1` rate limits).
     pub fn is_slow_down(&self) -> bool {
+        self.slow_down().is_some()
+    }
+
+    /// What a slow-down reply is about, if this is one. lettre words a 4xx reply as
+    /// `transient error (CODE): TEXT`.
+    pub fn slow_down(&self) -> Option<SlowDown> {
         let SendError::Transient { reason } = self else {
-            return false;
+            return None;
         };
-        let Some((_, rest)) = reason.split_once("transient error (") else {
-            return false;
-        };
-        let Some((code, text)) = rest.split_once(')') else {
-            return false;
-        };
+        let (_, rest) = reason.split_once("transient error (")?;
+        let (code, text) = rest.split_once(')')?;
         let enhanced = text.trim_start_matches(':').trim_start();
-        code == "421" || (code.starts_with('4') && enhanced.starts_with("4.7."))
+        if !code.starts_with('4') {
+            return None;
+        }
+        if enhanced.starts_with("4.7.") {
+            let domain = reason
+                .split_once(RCPT_DOMAIN)
+                .and_then(|(_, rest)| rest.split_once(')'))
+                .map(|(domain, _)| domain.to_owned());
+            return Some(domain.map_or(SlowDown::Message, SlowDown::Recipient));
+        }
+        (code == "421").then_some(SlowDown::Server)
     }
 }
 

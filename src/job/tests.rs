@@ -143,3 +143,32 @@ fn clip_cuts_at_a_character_boundary_within_the_bound_and_marks_the_cut() {
     assert_eq!(clip("abcdefghij", 10), "abcdefghij");
     assert_eq!(clip("abcdefghijk", 10), "abcdefg…");
 }
+
+#[test]
+fn an_internationalised_domain_is_carried_in_ascii_and_its_local_part_as_given() {
+    let j = job(with("to", serde_json::json!(["Jürgen <Ada@Müller.de>"]))).unwrap();
+    assert_eq!(j.to[0].email.to_string(), "Ada@xn--mller-kva.de");
+    assert_eq!(j.to[0].name.as_deref(), Some("Jürgen"));
+    let cc = job(with("cc", serde_json::json!(["用户@例子.广告"]))).unwrap();
+    assert_eq!(cc.cc[0].email.to_string(), "用户@xn--fsqu00a.xn--4rr70v");
+    let ascii = job(with("to", serde_json::json!(["ada@Example.COM"]))).unwrap();
+    assert_eq!(ascii.to[0].email.to_string(), "ada@Example.COM");
+}
+
+#[test]
+fn every_spelling_of_a_domain_normalises_to_one_address() {
+    for spelling in [
+        "Ada@müller.de",
+        "Ada@MÜLLER.DE",
+        "Ada@xn--mller-kva.de",
+        "Ada@XN--MLLER-KVA.DE",
+    ] {
+        assert_eq!(normalised_address(spelling), "Ada@müller.de", "{spelling}");
+    }
+    assert_eq!(normalised_address("ada@Example.COM"), "ada@example.com");
+    assert_eq!(normalised_address("ada@[127.0.0.1]"), "ada@[127.0.0.1]");
+    assert_ne!(
+        normalised_address("Ada@x.de"),
+        normalised_address("ada@x.de")
+    );
+}

@@ -75,6 +75,8 @@ impl PhaseCell {
 pub enum Failure {
     /// lettre's error: a reply code, or a network, TLS or protocol error.
     Smtp(lettre::transport::smtp::Error),
+    /// A reply refusing one recipient at RCPT TO, with that recipient's domain.
+    Rcpt(String, lettre::transport::smtp::Error),
     /// Opening the TCP connection.
     Io(std::io::Error),
     /// The message cannot be sent to this server, whatever the retry.
@@ -84,10 +86,20 @@ pub enum Failure {
 }
 
 impl Failure {
+    /// lettre's error, when lettre had one.
+    fn smtp(&self) -> Option<&lettre::transport::smtp::Error> {
+        match self {
+            Failure::Smtp(e) | Failure::Rcpt(_, e) => Some(e),
+            _ => None,
+        }
+    }
+
     /// No answer from the server: the connection broke, timed out or spoke nonsense.
     pub fn is_no_reply(&self) -> bool {
         match self {
-            Failure::Smtp(e) => !(e.is_transient() || e.is_permanent() || e.is_client()),
+            Failure::Smtp(e) | Failure::Rcpt(_, e) => {
+                !(e.is_transient() || e.is_permanent() || e.is_client())
+            }
             Failure::Io(_) | Failure::Timeout(_) => true,
             Failure::Refused(_) => false,
         }
@@ -95,7 +107,8 @@ impl Failure {
 
     /// The server said it is closing the connection (421), e.g. after an idle timeout.
     pub fn is_closing(&self) -> bool {
-        matches!(self, Failure::Smtp(e) if e.status().is_some_and(|c| c.to_string() == "421"))
+        self.smtp()
+            .is_some_and(|e| e.status().is_some_and(|c| c.to_string() == "421"))
     }
 }
 
@@ -103,6 +116,7 @@ impl std::fmt::Display for Failure {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Failure::Smtp(e) => write!(f, "{e}"),
+            Failure::Rcpt(domain, e) => write!(f, "{e} ({}{domain})", super::RCPT_DOMAIN),
             Failure::Io(e) => write!(f, "connection error: {e}"),
             Failure::Refused(why) => write!(f, "{why}"),
             Failure::Timeout(d) => write!(f, "no answer within {d:?}"),
@@ -124,11 +138,15 @@ impl From<lettre::transport::smtp::Error> for Failure {
 /// (refused, unreachable, no greeting in time) is `Unreachable`: the server, not the job.
 pub fn classify(phase: Phase, failure: &Failure, server: &str) -> SendError {
     let reason = format!("{failure} ({}, SMTP server {server})", phase.describe());
-    let out_of_sequence = matches!(failure, Failure::Smtp(e)
-        if e.status().is_some_and(|code| code.to_string() == "503"));
+    let out_of_sequence = failure
+        .smtp()
+        .is_some_and(|e| e.status().is_some_and(|code| code.to_string() == "503"));
+    match failure.smtp() {
+        Some(e) if e.is_transient() || out_of_sequence => return SendError::Transient { reason },
+        Some(e) if e.is_permanent() || e.is_client() => return SendError::Permanent { reason },
+        _ => {}
+    }
     match failure {
-        Failure::Smtp(e) if e.is_transient() || out_of_sequence => SendError::Transient { reason },
-        Failure::Smtp(e) if e.is_permanent() || e.is_client() => SendError::Permanent { reason },
         Failure::Refused(_) => SendError::Permanent { reason },
         _ if phase >= Phase::FinalDot => SendError::Uncertain { reason },
         _ if phase == Phase::Connect && failure.is_no_reply() => SendError::Unreachable { reason },
@@ -150,7 +168,9 @@ pub async fn transaction(
         .await?;
     phase.set(Phase::Rcpt);
     for to in envelope.to() {
-        conn.command(Rcpt::new(to.clone(), vec![])).await?;
+        conn.command(Rcpt::new(to.clone(), vec![]))
+            .await
+            .map_err(|e| Failure::Rcpt(to.domain().to_ascii_lowercase(), e))?;
     }
     phase.set(Phase::Data);
     conn.command(Data).await?;

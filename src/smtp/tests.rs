@@ -449,21 +449,33 @@ async fn implicit_tls_to_a_plaintext_server_is_an_unreachable_server() {
 }
 
 #[tokio::test]
-async fn a_421_or_a_4_7_reply_asks_to_slow_down_and_other_refusals_do_not() {
+async fn a_421_or_a_4_7_reply_asks_to_slow_down_and_says_what_about() {
+    use super::SlowDown;
     let slow = |rcpt| Script {
         rcpt,
         ..Script::default()
     };
+    let recipient = Some(SlowDown::Recipient("example.com".into()));
     let cases = [
-        ("421 4.7.28 rate limited, slow down", true),
-        ("421 4.3.2 closing", true),
-        ("450 4.7.1 too many messages, slow down", true),
-        ("451 4.3.0 try later", false),
-        ("550 5.7.1 refused", false),
+        ("421 4.7.28 rate limited, slow down", recipient.clone()),
+        ("421 4.3.2 closing", Some(SlowDown::Server)),
+        ("421 closing", Some(SlowDown::Server)),
+        ("450 4.7.1 too many messages, slow down", recipient),
+        ("451 4.3.0 try later", None),
+        ("550 5.7.1 refused", None),
     ];
     for (reply, expected) in cases {
         let result = outcome(slow(reply)).await;
-        let asks = result.as_ref().err().is_some_and(SendError::is_slow_down);
-        assert_eq!(asks, expected, "{reply}: {result:?}");
+        let error = result.as_ref().err();
+        let asks = error.is_some_and(SendError::is_slow_down);
+        assert_eq!(asks, expected.is_some(), "{reply}: {result:?}");
+        assert_eq!(error.and_then(SendError::slow_down), expected, "{reply}");
     }
+    let at_mail = Script {
+        mail: "451 4.7.1 sending too fast",
+        ..Script::default()
+    };
+    let result = outcome(at_mail).await;
+    let scope = result.as_ref().err().and_then(SendError::slow_down);
+    assert_eq!(scope, Some(SlowDown::Message), "{result:?}");
 }

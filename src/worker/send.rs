@@ -136,7 +136,7 @@ impl Worker {
         error: SendError,
     ) -> Outcome {
         if self.throttle.adapts() && error.is_slow_down() {
-            return self.slowed_down(job, token, error.to_string()).await;
+            return self.slowed_down(job, token, &error).await;
         }
         match error {
             SendError::Permanent { reason } => {

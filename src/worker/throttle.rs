@@ -1,7 +1,8 @@
 //! Sending limits, enforced across the fleet without a database round trip per email: the
 //! account's global rate (`MAILROOM_SMTP_RATE`) and each recipient domain's rate and
-//! concurrency (`MAILROOM_DOMAIN_LIMITS`), with a domain slowed down (AIMD, [`pace`]) when its
-//! server answers 421 or 4.7.x.
+//! concurrency (`MAILROOM_DOMAIN_LIMITS`), with a domain slowed down (AIMD, [`pace`]) when the
+//! server answers 4.7.x about it, and the whole server (the global rate) after a 421 that
+//! closes the session ([`Throttle::slow_down_server`]).
 //!
 //! Each worker keeps its own buckets at its share of each limit: the limit divided by the live
 //! workers of its namespace, which the heartbeat counts every beat ([`Throttle::set_workers`]).
@@ -30,7 +31,8 @@ use pace::{Bucket, Slowdown};
 /// A send due at most this far ahead waits for its slot in place; a later one is held back.
 pub const WAIT_IN_PLACE: Duration = Duration::from_millis(200);
 /// The rate a domain with no rate of its own is given when it answers a slow-down reply
-/// (account-wide, shared by the workers), halved from there.
+/// (account-wide, shared by the workers), halved from there; the same for the whole server
+/// after a 421 when `MAILROOM_SMTP_RATE` is not set.
 pub const UNLIMITED_SLOWED_RATE: f64 = 10.0;
 /// The metric label of every domain not listed in `MAILROOM_DOMAIN_LIMITS`.
 pub const OTHER_DOMAIN: &str = "other";
@@ -69,6 +71,9 @@ pub struct Throttle {
 struct State {
     workers: u32,
     global: Option<Bucket>,
+    /// The server's slowdown after a 421 that closed the session (it slows the global rate).
+    server: Option<Slowdown>,
+    server_slow_downs: u64,
     domains: HashMap<String, Domain>,
     counts: BTreeMap<String, DomainCounts>,
 }
@@ -94,8 +99,8 @@ impl Throttle {
         let state = State {
             workers: 1,
             global: global.map(|r| Bucket::new(r.per_second())),
-            domains: HashMap::new(),
             counts,
+            ..State::default()
         };
         Throttle {
             global,
@@ -125,10 +130,7 @@ impl Throttle {
     pub fn set_workers(&self, n: u32) {
         let mut state = self.lock();
         state.workers = n.max(1);
-        let share = f64::from(state.workers);
-        if let (Some(bucket), Some(rate)) = (state.global.as_mut(), self.global) {
-            bucket.set_rate(rate.per_second() / share);
-        }
+        self.global_bucket(&mut state, Instant::now());
     }
 
     /// Asks to send to `domains` (lower case) at `now`.
@@ -141,7 +143,9 @@ impl Throttle {
                 why,
             };
         }
-        let mut at = state.global.as_ref().map_or(now, |b| b.earliest(now));
+        let mut at = self
+            .global_bucket(&mut state, now)
+            .map_or(now, |b| b.earliest(now));
         let mut why = "the global send rate (MAILROOM_SMTP_RATE)".to_owned();
         for domain in domains {
             if let Some(bucket) = self.domain_bucket(&mut state, domain, now) {
@@ -191,6 +195,24 @@ impl Throttle {
         }
     }
 
+    /// A 421 that is not about one domain (the server closes the session) at `now`: halves the
+    /// global rate ([`UNLIMITED_SLOWED_RATE`] when there is none), AIMD like a domain's.
+    pub fn slow_down_server(&self, now: Instant) {
+        let mut state = self.lock();
+        state.server = Some(Slowdown::after(state.server, now));
+        state.server_slow_downs += 1;
+        if let Some(b) = self.global_bucket(&mut state, now) {
+            b.pause(now);
+        }
+    }
+
+    /// The server's slow-downs (421s that closed the session) and whether it is slowed now.
+    pub fn server(&self) -> (u64, bool) {
+        let state = self.lock();
+        let slowed = state.server.is_some_and(|s| !s.is_over(Instant::now()));
+        (state.server_slow_downs, slowed)
+    }
+
     /// One email to `domains` accepted by the SMTP server.
     pub fn count_sent(&self, domains: &[String]) {
         let mut state = self.lock();
@@ -235,6 +257,27 @@ impl Throttle {
                 format!("{domain} has {in_flight} sends in flight, its share of max {limit}")
             })
         })
+    }
+
+    /// The global bucket at its current rate (this worker's share, slowed down), if there is a
+    /// global rate or the server is slowed down.
+    fn global_bucket<'s>(&self, state: &'s mut State, now: Instant) -> Option<&'s mut Bucket> {
+        if state.server.is_some_and(|s| s.is_over(now)) {
+            state.server = None;
+        }
+        let base = match (self.global, state.server) {
+            (Some(rate), _) => rate.per_second(),
+            (None, Some(_)) => UNLIMITED_SLOWED_RATE,
+            (None, None) => {
+                state.global = None;
+                return None;
+            }
+        };
+        let factor = state.server.map_or(1.0, |s| s.factor(now));
+        let rate = base * factor / f64::from(state.workers);
+        let bucket = state.global.get_or_insert_with(|| Bucket::new(rate));
+        bucket.set_rate(rate);
+        Some(bucket)
     }
 
     /// The bucket of `domain` at its current rate (its share, slowed down), if it has a rate.

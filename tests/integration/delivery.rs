@@ -1,5 +1,7 @@
 //! The happy path and deduplication, counted at the SMTP server.
 
+use serde_json::json;
+
 use crate::helpers::*;
 
 #[tokio::test]
@@ -90,5 +92,46 @@ async fn three_copies_consumed_by_two_workers_at_once_send_one_email() {
         app.smtp.count(&app.message_id("dup-concurrent", "welcome")),
         1
     );
+    assert_eq!(app.smtp.received().len(), 1);
+}
+
+#[tokio::test]
+async fn an_internationalised_domain_reaches_a_server_without_smtputf8_and_a_unicode_mailbox_is_dead_lettered()
+ {
+    // Many SMTP servers do not offer SMTPUTF8. A domain has an ASCII form that any server
+    // takes; a non-ASCII local part has none.
+    let app = TestApp::spawn_with(&["--no-smtputf8"]).await;
+    let worker = app.start_worker(&[]);
+    let mut idn = app.job("to-muller");
+    idn["to"] = json!(["Jürgen Müller <jm@Müller.de>"]);
+    app.publish(&idn).await;
+    let mut unicode = app.job("to-unicode-mailbox");
+    unicode["to"] = json!(["用户@例子.广告"]);
+    app.publish(&unicode).await;
+
+    let got = app.smtp.wait_for(1).await;
+    assert_eq!(got[0].rcpt_tos, ["jm@xn--mller-kva.de"]);
+    assert!(
+        got[0].data.contains("<jm@xn--mller-kva.de>"),
+        "{}",
+        got[0].data
+    );
+    let row = app
+        .wait_for_row("to-unicode-mailbox", "welcome", "dead", |n| {
+            n.status.as_str() == "dead"
+        })
+        .await;
+    let reason = row.last_error.unwrap_or_default();
+    assert!(reason.contains("does not offer SMTPUTF8"), "{reason}");
+    let dead = app.dead_letters(1).await;
+    assert_eq!(
+        dead[0].header("x-mailroom-error-class").as_deref(),
+        Some("rejected")
+    );
+    app.wait_for_row("to-muller", "welcome", "sent", |n| {
+        n.status.as_str() == "sent"
+    })
+    .await;
+    worker.stop().await;
     assert_eq!(app.smtp.received().len(), 1);
 }

@@ -125,12 +125,30 @@ async fn the_recipient_search_ignores_the_domains_case_and_not_the_local_parts()
     );
     assert!(found(&app, by("ada.lovelace@example.com")).await.is_empty());
     assert!(found(&app, by("Ada.Lovelace@example.org")).await.is_empty());
+    // An internationalised domain is one domain in either of its forms and any case.
+    let worker = app.start_worker(&[]);
+    let mut job = app.job("recipient-idn");
+    job["to"] = json!(["jm@Müller.de"]);
+    app.publish(&job).await;
+    app.wait_for_row("recipient-idn", "welcome", "row sent", |n| {
+        n.status.as_str() == "sent"
+    })
+    .await;
+    worker.stop().await;
+    for spelling in ["jm@müller.de", "jm@MÜLLER.DE", "jm@xn--mller-kva.de"] {
+        assert_eq!(
+            found(&app, by(spelling)).await,
+            ["recipient-idn"],
+            "{spelling}"
+        );
+    }
     let page = jobs::search(&app.db, &Search::default()).await.unwrap();
-    assert_eq!(
-        page.jobs[0].recipient.as_deref(),
-        Some("A***@example.com"),
-        "masked"
-    );
+    let masked = |id: &str| {
+        let job = page.jobs.iter().find(|j| j.job_id == id).unwrap();
+        job.recipient.clone()
+    };
+    assert_eq!(masked("recipient-1").as_deref(), Some("A***@example.com"));
+    assert_eq!(masked("recipient-idn").as_deref(), Some("j***@müller.de"));
 }
 
 #[tokio::test]

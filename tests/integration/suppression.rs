@@ -88,6 +88,12 @@ async fn lookups_ignore_the_domains_case_and_not_the_local_parts() {
     );
     let out = app.cli(&["suppressions", "check", "Ada@EXAMPLE.COM"]).await;
     assert!(out.contains("Ada@example.com  manual"), "{out}");
+    // An internationalised domain is one domain in either of its forms.
+    app.cli(&["suppressions", "add", "jm@MÜLLER.de"]).await;
+    let out = app
+        .cli(&["suppressions", "check", "jm@xn--mller-kva.de"])
+        .await;
+    assert!(out.contains("jm@müller.de  manual"), "{out}");
 
     let worker = app.start_worker(&[]);
     app.publish(&to(&app, "lower", "ada@example.com")).await;

@@ -1,9 +1,14 @@
 //! Sending limits: the account's rate holds over two workers, a domain's limit slows only that
-//! domain, and a domain answering 421 is slowed down without spending any job's attempts.
+//! domain, and a domain answering 421 4.7.28 is slowed down without spending any job's attempts;
+//! [`concurrency`]: a domain's `max N` at a slow server, and a small SMTP pool; [`replies`]:
+//! what a slow-down reply slows when a job has recipients in two domains.
 //! Rates are measured where they matter, at the SMTP server (the recorder's receive times).
 
 use crate::helpers::*;
 use mailroom::worker::throttle::Throttle;
+
+mod concurrency;
+mod replies;
 
 /// A job to `address`.
 fn job_to(app: &TestApp, job_id: &str, address: &str) -> serde_json::Value {
@@ -142,8 +147,9 @@ async fn a_domain_limit_slows_that_domain_while_another_flows_at_full_speed() {
 
 #[tokio::test]
 async fn a_421_from_one_domain_slows_it_spends_no_attempts_and_every_job_is_sent_once() {
-    // Three RCPTs to slow.test are answered 421; fast.test is never refused.
-    let app = TestApp::spawn_with(&["--fail", "RCPT:421:3:slow.test"]).await;
+    // Three RCPTs to slow.test are answered Gmail's "421 4.7.28" (a 421 without 4.7.x is about
+    // the server: see throttle/replies.rs); fast.test is never refused.
+    let app = TestApp::spawn_with(&["--fail", "RCPT:421/4.7.28:3:slow.test"]).await;
     let worker = app.start_worker(&["--domain-limits", "slow.test=20/s", "--max-attempts", "2"]);
     let n = 6;
     for i in 0..n {

@@ -6,19 +6,26 @@ Run it with Debian's interpreter, /usr/bin/python3, which has python3-aiosmtpd (
 used: aiosmtpd.smtp.SMTP with a handler's handle_MAIL / handle_RCPT / handle_DATA.
 
     /usr/bin/python3 tests/support/smtp_recorder.py --port 0 --log received.jsonl \\
-        [--maildir DIR] [--fail STAGE:CODE[:COUNT[:DOMAIN]]]... [--data-delay SECONDS] [--stall-file FILE] \\
-        [--stall-greeting COUNT] [--lose-reply close|silent[:COUNT]] [--max-sessions N]
+        [--maildir DIR] [--fail STAGE:CODE[/ENHANCED][:COUNT[:DOMAIN]]]... [--data-delay SECONDS] [--stall-file FILE] \\
+        [--stall-greeting COUNT] [--lose-reply close|silent[:COUNT]] [--max-sessions N] \\
+        [--no-smtputf8]
 
 Once listening it prints one line, `LISTENING <port>`, to stdout. Every ACCEPTED message is
 appended to --log as one JSON line {"mail_from", "rcpt_tos", "message_id", "data",
-"received_at" (Unix time in seconds, when the final dot arrived)} and fsynced
-before the client is told 250, so a reader that sees 250 finds the line. --fail RCPT:451:2
+"mail_at" (Unix time in seconds, when MAIL FROM was accepted), "received_at" (when the final
+dot is answered, after any --data-delay)} and fsynced before the client is told 250, so a
+reader that sees 250 finds the line; [mail_at, received_at] is the transaction, from which a
+test counts the deliveries in progress at once. --fail RCPT:451:2
 answers the first two RCPT commands (counted over all connections) with 451; without a count,
 always; --fail RCPT:421:5:slow.test answers only RCPT commands to addresses @slow.test
-(COUNT may be empty: RCPT:421::slow.test always). Several --fail options for one stage are
+(COUNT may be empty: RCPT:421::slow.test always). CODE/ENHANCED gives the reply an enhanced
+status of its own: RCPT:421/4.7.28 is Gmail's rate-limit reply, RCPT:450/4.7.1 a per-recipient
+"slow down". Several --fail options for one stage are
 used in the order given. A 421 reply also
 closes the connection, as RFC 5321 says it should. STAGE is MAIL, RCPT, DATACMD (the DATA
 command, before any content) or DATA (alias DOT: the reply to the final dot).
+--no-smtputf8 leaves SMTPUTF8 out of the EHLO reply, as many servers do: a non-ASCII address
+is then refused.
 
 Faults for the tests of the uncertain window and of timeouts:
   --stall-greeting COUNT   the first COUNT connections are accepted and never greeted (the
@@ -71,14 +78,17 @@ class FailRule:
             parts[0] = STAGE_ALIASES.get(parts[0].upper(), parts[0].upper())
         if len(parts) not in (2, 3, 4) or parts[0] not in STAGES:
             raise argparse.ArgumentTypeError(
-                f"--fail {spec!r}: expected STAGE:CODE[:COUNT[:DOMAIN]], STAGE one of {', '.join(STAGES)}"
+                f"--fail {spec!r}: expected STAGE:CODE[/ENHANCED][:COUNT[:DOMAIN]], STAGE one of {', '.join(STAGES)}"
             )
         self.stage = parts[0]
         self.domain = parts[3].lower() if len(parts) == 4 else None
         if self.domain is not None and self.stage != "RCPT":
             raise argparse.ArgumentTypeError(f"--fail {spec!r}: only RCPT rules name a DOMAIN")
+        code, _, self.enhanced = parts[1].partition("/")
+        if self.enhanced and not re.fullmatch(r"[45]\.\d{1,3}\.\d{1,3}", self.enhanced):
+            raise argparse.ArgumentTypeError(f"--fail {spec!r}: ENHANCED is a status like 4.7.28")
         try:
-            self.code = int(parts[1])
+            self.code = int(code)
             self.remaining = int(parts[2]) if len(parts) >= 3 and parts[2] else None  # None: always
         except ValueError:
             raise argparse.ArgumentTypeError(f"--fail {spec!r}: CODE and COUNT are numbers")
@@ -88,6 +98,8 @@ class FailRule:
             raise argparse.ArgumentTypeError(f"--fail {spec!r}: COUNT must be at least 1")
 
     def reply(self):
+        if self.enhanced:
+            return f"{self.code} {self.enhanced} injected failure, slow down"
         text = DEFAULT_TEXT.get(self.code, f"{self.code // 100}.0.0 injected failure")
         return f"{self.code} {text}"
 
@@ -172,6 +184,7 @@ class Recorder:
         if reply:
             return reply
         envelope.mail_from = address
+        envelope.mail_at = time.time()
         envelope.mail_options.extend(mail_options)
         return "250 OK"
 
@@ -206,6 +219,7 @@ class Recorder:
                 "message_id": message_id,
                 # errors="replace": JSON readers (serde_json) reject lone surrogates.
                 "data": raw.decode("utf-8", errors="replace"),
+                "mail_at": getattr(envelope, "mail_at", None),
                 "received_at": time.time(),
             }
             self.log.write(json.dumps(record, ensure_ascii=False) + "\n")
@@ -283,7 +297,7 @@ def parse_args(argv):
     p.add_argument("--log", help="append one JSON line per accepted message")
     p.add_argument("--maildir", help="also write each accepted message as DIR/<n>-<id>.eml")
     p.add_argument("--fail", type=FailRule, action="append", default=[],
-                   metavar="STAGE:CODE[:COUNT[:DOMAIN]]",
+                   metavar="STAGE:CODE[/ENHANCED][:COUNT[:DOMAIN]]",
                    help="answer MAIL, RCPT or DATA (the final dot) with CODE, COUNT times "
                         "(RCPT: only to addresses @DOMAIN, when given)")
     p.add_argument("--data-delay", type=float, default=0.0, metavar="SECONDS",
@@ -296,6 +310,8 @@ def parse_args(argv):
                    help="answer 421 and close beyond N concurrent sessions")
     p.add_argument("--stall-file", metavar="FILE",
                    help="while FILE holds a number of seconds, wait that long instead of --data-delay")
+    p.add_argument("--no-smtputf8", action="store_true",
+                   help="do not offer SMTPUTF8 (non-ASCII addresses are refused)")
     p.add_argument("-v", "--verbose", action="store_true", help="one stderr line per event")
     return p.parse_args(argv)
 
@@ -310,7 +326,7 @@ async def main(argv):
         lambda: Session(
             handler,
             data_size_limit=MAX_MESSAGE_BYTES,
-            enable_SMTPUTF8=True,
+            enable_SMTPUTF8=not args.no_smtputf8,
             decode_data=False,
             # Without a hostname aiosmtpd calls socket.getfqdn() per connection: slow here.
             hostname="recorder.localhost",

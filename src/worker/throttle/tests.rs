@@ -176,3 +176,39 @@ fn idle_domains_are_forgotten_past_a_bound() {
     drop(t.admit(&to("last.test"), t0 + Duration::from_secs(1)));
     assert!(t.lock().domains.len() < 10);
 }
+
+#[test]
+fn a_server_slow_down_paces_every_domain_even_without_a_global_rate() {
+    let t = throttle(None, "listed.test=max 8");
+    let t0 = Instant::now();
+    let before = sends(&t, "any.test", t0, ms(10), Duration::from_secs(1));
+    assert_eq!(before, 100, "unpaced before");
+    let t1 = t0 + Duration::from_secs(2);
+    t.slow_down_server(t1);
+    assert_eq!(t.server(), (1, true));
+    // UNLIMITED_SLOWED_RATE halved, shared by every domain.
+    let after = sends(&t, "any.test", t1, ms(10), Duration::from_secs(1))
+        + sends(&t, "listed.test", t1, ms(10), Duration::from_secs(1));
+    let allowed = (UNLIMITED_SLOWED_RATE / 2.0) as usize;
+    assert!(
+        after <= allowed + 1,
+        "{after} sends in a second after the 421"
+    );
+    assert_eq!(
+        t.counts().iter().map(|c| c.1.slow_downs).sum::<u64>(),
+        0,
+        "no domain slowed"
+    );
+}
+
+#[test]
+fn a_server_slow_down_halves_the_global_rate_and_recovers() {
+    let t = throttle(Some("20/s"), "*=max 8");
+    let t0 = Instant::now();
+    t.slow_down_server(t0);
+    let n = sends(&t, "a.test", t0, ms(5), Duration::from_secs(2));
+    assert!((19..=22).contains(&n), "{n} sends in 2 s at 10/s");
+    let later = t0 + Duration::from_secs(200);
+    let n = sends(&t, "a.test", later, ms(5), Duration::from_secs(2));
+    assert!(n >= 39, "{n} sends in 2 s once recovered to 20/s");
+}
