@@ -19,6 +19,13 @@ pub const RECONNECT_MAX: Duration = Duration::from_secs(10);
 /// not use) keeps backing off instead of reconnecting several times a second.
 pub const HEALTHY_AFTER: Duration = Duration::from_secs(30);
 
+/// How long one node may take to answer the AMQP handshake before the next node of `AMQP_URL` is
+/// tried. A frozen node (SIGSTOP, a VM paused, a node stalled in GC) still accepts TCP
+/// connections in its kernel but never answers; without a bound every reconnect waited on it for
+/// as long as it stayed frozen, with the other nodes up. RabbitMQ gives a client the same 10 s
+/// to complete the handshake (`handshake_timeout`).
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// The bare reconnect schedule: capped exponential with jitter, never giving up.
 pub fn reconnect_backoff() -> backon::ExponentialBackoff {
     use backon::BackoffBuilder;
@@ -87,23 +94,30 @@ impl Reconnect {
     }
 }
 
-/// Connects to the first reachable node of `urls`, naming the connection after `name` so
-/// operators see which process it is in the management UI and `rabbitmqctl`. The error is that
-/// of the last node, as [`refusal`] tells it.
+/// Connects to the first reachable node of `urls` that answers within [`CONNECT_TIMEOUT`],
+/// naming the connection after `name` so operators see which process it is in the management
+/// UI and `rabbitmqctl`. The error is that of the last node, as [`refusal`] tells it.
 pub async fn connect(urls: &UrlList, name: &str) -> anyhow::Result<Connection> {
     let mut last = None;
     for url in &urls.0 {
         let props = ConnectionProperties::default().with_connection_name(name.into());
-        match Connection::connect(url.expose(), props).await {
-            Ok(conn) => return Ok(conn),
-            Err(e) => {
-                let refused = refusal(url, &e);
-                if urls.0.len() > 1 {
-                    tracing::warn!(error = %refused, "RabbitMQ node unavailable; trying the next");
-                }
-                last = Some(refused);
-            }
+        let refused = match tokio::time::timeout(
+            CONNECT_TIMEOUT,
+            Connection::connect(url.expose(), props),
+        )
+        .await
+        {
+            Ok(Ok(conn)) => return Ok(conn),
+            Ok(Err(e)) => refusal(url, &e),
+            Err(_) => Fatal::Unavailable(format!(
+                "connecting to RabbitMQ at {}: no answer to the AMQP handshake within {CONNECT_TIMEOUT:?}",
+                address(url)
+            )),
+        };
+        if urls.0.len() > 1 {
+            tracing::warn!(error = %refused, "RabbitMQ node unavailable; trying the next");
         }
+        last = Some(refused);
     }
     Err(last.map_or_else(|| anyhow::anyhow!("no AMQP_URL given"), anyhow::Error::from))
 }

@@ -242,6 +242,37 @@ async fn a_worker_waiting_for_a_broker_that_is_down_never_says_a_session_ended()
     assert!(all.contains("connection refused"), "{all}");
 }
 
+// A frozen node (SIGSTOP) accepts TCP connections in its kernel and never answers: the next
+// node of the list must be tried once the handshake has had its time.
+#[tokio::test]
+async fn a_node_that_accepts_connections_but_never_answers_is_passed_over_for_the_next() {
+    let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = silent.local_addr().unwrap().port();
+    let holding = tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((socket, _)) = silent.accept().await {
+            held.push(socket);
+        }
+    });
+    let frozen = altered(&amqp_url(), None, Some(port));
+    let urls: mailroom::config::UrlList = format!("{frozen},{}", amqp_url()).parse().unwrap();
+    let started = Instant::now();
+    let conn = tokio::time::timeout(
+        mailroom::broker::CONNECT_TIMEOUT + PATIENCE,
+        mailroom::broker::connect(&urls, "first_contact test"),
+    )
+    .await
+    .expect("connect gives up on the silent node")
+    .expect("and connects to the next one");
+    assert!(conn.status().connected());
+    let took = started.elapsed();
+    assert!(
+        took >= mailroom::broker::CONNECT_TIMEOUT,
+        "the silent node had its time: {took:?}"
+    );
+    holding.abort();
+}
+
 /// The worker's arguments as parsed by the binary, against this test's world: `extra` pairs
 /// override the defaults, `flags` are added.
 fn worker_config(app: &TestApp, extra: &[&str], flags: &[&str]) -> Result<Cli, clap::Error> {

@@ -11,10 +11,10 @@
 //! its size, `MAILROOM_SOAK_SECONDS` the length of the nemesis phase, `MAILROOM_SOAK_OPS` the
 //! faults (comma-separated; all but `restart-broker` by default) to find which one breaks a run.
 
-mod checker;
+pub(crate) mod checker;
 mod cluster;
 mod copies;
-mod observe;
+pub(crate) mod observe;
 
 use std::time::Duration;
 

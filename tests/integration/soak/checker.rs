@@ -7,7 +7,7 @@
 //! uncertain, or it could not record `sent`. A live worker's definite failure, retry or
 //! taken-over claim explains nothing. Each extra copy needs a window of its own.
 
-mod windows;
+pub(crate) mod windows;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt;

@@ -208,7 +208,7 @@ impl<'a> Observer<'a> {
 }
 
 /// The window events of every `worker-*.log` (JSON lines), in each file's order.
-fn windows(logs: &Path) -> Vec<WindowEvent> {
+pub(crate) fn windows(logs: &Path) -> Vec<WindowEvent> {
     let mut events = Vec::new();
     for entry in std::fs::read_dir(logs).unwrap() {
         let path = entry.unwrap().path();
