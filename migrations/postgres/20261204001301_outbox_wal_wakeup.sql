@@ -5,8 +5,11 @@
 -- its relays keep NOTIFY.
 --
 -- The NOTIFY trigger runs in every producer's transaction (a quarter of the commit rate, measured)
--- and is disabled here only where the WAL can be followed: wal_level = logical and a migrating
--- role that may stream it (relays usually run as that role). Elsewhere it stays, and relays that
+-- and is disabled here only where the WAL can be followed: wal_level = logical, a migrating
+-- role that may stream it (relays usually run as that role), and a server on this machine (the
+-- stream has no TLS, so a relay follows it only on loopback, a Unix socket or with
+-- sslmode=disable; a remote server keeps the trigger, and its operator disables it once every
+-- relay says it follows the WAL). Elsewhere it stays, and relays that
 -- cannot follow the WAL keep NOTIFY. A relay that cannot follow the WAL and finds the trigger
 -- disabled polls, and says how to enable it again. Rows written in plain SQL, by any producer,
 -- are in the WAL like any other.
@@ -26,6 +29,8 @@ BEGIN
         RETURN;
     END;
     IF current_setting('wal_level') = 'logical'
+       AND (inet_server_addr() IS NULL OR inet_server_addr() <<= '127.0.0.0/8'::inet
+            OR inet_server_addr() = '::1'::inet)
        AND ((SELECT rolreplication OR rolsuper FROM pg_roles WHERE rolname = current_user)
             OR EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'rds_replication'
                        AND pg_has_role(current_user, oid, 'member'))) THEN

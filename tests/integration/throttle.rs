@@ -79,7 +79,9 @@ async fn a_global_rate_holds_across_two_workers_and_is_used_nearly_in_full() {
         "{n} emails in {:.2} s: {rate:.1}/s, busiest second {busiest}",
         last - first
     );
-    assert!(rate >= 6.5, "only {rate:.1}/s of the 10/s allowed");
+    // Both shares in use: one worker alone at its share of 5/s would give 5/s. A machine at load
+    // 15 was measured at 6.3/s; an idle one at 9.5–10.9/s.
+    assert!(rate >= 6.0, "only {rate:.1}/s of the 10/s allowed");
     assert!(rate <= 11.0, "{rate:.1}/s over the 10/s allowed");
     for w in [&a, &b] {
         assert_no_retry_but_give_backs(w);
