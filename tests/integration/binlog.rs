@@ -3,51 +3,12 @@
 //! relay's count of binary log wake-ups, so a broken stream fails them. (A wake-up can come a
 //! moment before InnoDB shows the committed row; the probe after it finds the row.)
 
-use std::sync::atomic::Ordering;
-
 use mailroom::db::Engine;
-use mailroom::relay::{RelayStats, WakeupMode};
+use mailroom::relay::WakeupMode;
 
 use crate::helpers::*;
 
 const WHY: &str = "the binary log is MySQL's and MariaDB's (PostgreSQL uses NOTIFY)";
-
-/// A relay that an idle outbox does not move: no probe within an hour once idle.
-const NO_PROBES: [&str; 6] = [
-    "--relay-poll-min",
-    "200ms",
-    "--relay-poll",
-    "1h",
-    "--relay-poll-max",
-    "1h",
-];
-
-fn load(stats: &RelayStats, pick: fn(&RelayStats) -> &std::sync::atomic::AtomicU64) -> u64 {
-    pick(stats).load(Ordering::Relaxed)
-}
-
-/// Waits for the relay's first scan (its wake-up source is open by then).
-async fn started(relay: &RunningRelay) {
-    eventually("the relay's first scan", || async {
-        (load(&relay.stats, |s| &s.scans) >= 1).then_some(())
-    })
-    .await;
-}
-
-/// Waits for `n` wake-ups by the binary log.
-async fn woken(relay: &RunningRelay, n: u64) {
-    eventually(&format!("{n} binary log wake-ups"), || async {
-        (load(&relay.stats, |s| &s.woken) >= n).then_some(())
-    })
-    .await;
-}
-
-async fn published(relay: &RunningRelay, n: u64) {
-    eventually(&format!("{n} rows published"), || async {
-        (relay.published() >= n).then_some(())
-    })
-    .await;
-}
 
 #[tokio::test]
 async fn a_commit_wakes_an_idle_relay_through_the_binary_log() {
@@ -55,15 +16,15 @@ async fn a_commit_wakes_an_idle_relay_through_the_binary_log() {
         return;
     }
     let app = TestApp::spawn().await;
-    let relay = app.start_relay(&NO_PROBES);
-    started(&relay).await;
+    let relay = app.start_relay(&RELAY_NO_PROBES);
+    relay.wait_started().await;
     assert_eq!(relay.stats.wakeup_mode(), WakeupMode::Binlog);
     for i in 1..=3 {
         app.enqueue(&app.email_job(&format!("woken-{i}")))
             .await
             .unwrap();
-        woken(&relay, i).await;
-        published(&relay, i).await;
+        relay.wait_woken(i, "binary log").await;
+        relay.wait_published(i).await;
     }
     relay.stop().await;
     assert_eq!(app.unpublished().await, 0);
@@ -75,8 +36,8 @@ async fn a_transaction_that_commits_after_later_ones_is_published() {
         return;
     }
     let app = TestApp::spawn().await;
-    let relay = app.start_relay(&NO_PROBES);
-    started(&relay).await;
+    let relay = app.start_relay(&RELAY_NO_PROBES);
+    relay.wait_started().await;
     let mut early = app.begin().await;
     early
         .enqueue(&app.email_job("early-id-late-commit"))
@@ -85,10 +46,10 @@ async fn a_transaction_that_commits_after_later_ones_is_published() {
     app.enqueue(&app.email_job("late-id-early-commit"))
         .await
         .unwrap();
-    published(&relay, 1).await;
+    relay.wait_published(1).await;
     early.commit().await;
-    woken(&relay, 2).await;
-    published(&relay, 2).await;
+    relay.wait_woken(2, "binary log").await;
+    relay.wait_published(2).await;
     relay.stop().await;
     assert_eq!(app.unpublished().await, 0);
 }
@@ -99,23 +60,23 @@ async fn rows_after_a_binary_log_rotation_still_wake_the_relay() {
         return;
     }
     let app = TestApp::spawn().await;
-    let relay = app.start_relay(&NO_PROBES);
-    started(&relay).await;
+    let relay = app.start_relay(&RELAY_NO_PROBES);
+    relay.wait_started().await;
     app.enqueue(&app.email_job("before-rotation"))
         .await
         .unwrap();
-    woken(&relay, 1).await;
-    published(&relay, 1).await;
+    relay.wait_woken(1, "binary log").await;
+    relay.wait_published(1).await;
     app.execute("FLUSH BINARY LOGS").await;
     for i in 2..=3 {
         app.enqueue(&app.email_job(&format!("after-rotation-{i}")))
             .await
             .unwrap();
-        woken(&relay, i).await;
-        published(&relay, i).await;
+        relay.wait_woken(i, "binary log").await;
+        relay.wait_published(i).await;
     }
     assert_eq!(
-        load(&relay.stats, |s| &s.resumed),
+        relay.count(|s| &s.resumed),
         0,
         "the stream followed the rotation without reconnecting"
     );
@@ -154,7 +115,7 @@ async fn without_replication_privileges_the_relay_polls_and_publishes_everything
         "--relay-poll-max",
         "100ms",
     ]);
-    started(&relay).await;
+    relay.wait_started().await;
     assert_eq!(relay.stats.wakeup_mode(), WakeupMode::Poll);
     let total = 20;
     for i in 0..total {
@@ -162,8 +123,8 @@ async fn without_replication_privileges_the_relay_polls_and_publishes_everything
             .await
             .unwrap();
     }
-    published(&relay, total).await;
-    assert_eq!(load(&relay.stats, |s| &s.woken), 0);
+    relay.wait_published(total).await;
+    assert_eq!(relay.count(|s| &s.woken), 0);
     relay.stop().await;
     assert_eq!(app.unpublished().await, 0);
     app.execute(&format!("DROP USER '{user}'@'%'")).await;
@@ -176,10 +137,10 @@ async fn disruptive_binlog_relay_resumes_after_the_database_server_restarts() {
         return;
     }
     let app = TestApp::spawn().await;
-    let relay = app.start_relay(&NO_PROBES);
-    started(&relay).await;
+    let relay = app.start_relay(&RELAY_NO_PROBES);
+    relay.wait_started().await;
     app.enqueue(&app.email_job("before-restart")).await.unwrap();
-    published(&relay, 1).await;
+    relay.wait_published(1).await;
     let status = tokio::process::Command::new("bash")
         .args(["-c", "/etc/init.d/mariadb restart >/dev/null"])
         .status()
@@ -190,7 +151,7 @@ async fn disruptive_binlog_relay_resumes_after_the_database_server_restarts() {
         app.enqueue(&app.email_job(&format!("after-restart-{i}")))
             .await
             .unwrap();
-        published(&relay, i).await;
+        relay.wait_published(i).await;
     }
     assert_eq!(relay.stats.wakeup_mode(), WakeupMode::Binlog);
     relay.stop().await;

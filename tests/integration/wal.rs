@@ -4,29 +4,13 @@
 //! the server `scripts/services` sets up: `wal_level = logical` and the `REPLICATION`
 //! attribute for the test user.
 
-use std::sync::atomic::Ordering;
-
 use mailroom::db::Engine;
-use mailroom::relay::{RelayStats, WakeupMode};
+use mailroom::relay::WakeupMode;
 use sqlx::PgPool;
 
 use crate::helpers::*;
 
 const WHY: &str = "the WAL is PostgreSQL's (MySQL/MariaDB follow the binary log)";
-
-/// A relay that an idle outbox does not move: no probe within an hour once idle.
-const NO_PROBES: [&str; 6] = [
-    "--relay-poll-min",
-    "200ms",
-    "--relay-poll",
-    "1h",
-    "--relay-poll-max",
-    "1h",
-];
-
-fn load(stats: &RelayStats, pick: fn(&RelayStats) -> &std::sync::atomic::AtomicU64) -> u64 {
-    pick(stats).load(Ordering::Relaxed)
-}
 
 /// The test database, for the queries the helpers do not have.
 async fn pool(app: &TestApp) -> PgPool {
@@ -55,43 +39,20 @@ async fn app_on_logical_server() -> Option<TestApp> {
     Some(app)
 }
 
-/// Waits for the relay's first scan (its wake-up source is open by then).
-async fn started(relay: &RunningRelay) {
-    eventually("the relay's first scan", || async {
-        (load(&relay.stats, |s| &s.scans) >= 1).then_some(())
-    })
-    .await;
-}
-
-/// Waits for `n` wake-ups by the WAL.
-async fn woken(relay: &RunningRelay, n: u64) {
-    eventually(&format!("{n} WAL wake-ups"), || async {
-        (load(&relay.stats, |s| &s.woken) >= n).then_some(())
-    })
-    .await;
-}
-
-async fn published(relay: &RunningRelay, n: u64) {
-    eventually(&format!("{n} rows published"), || async {
-        (relay.published() >= n).then_some(())
-    })
-    .await;
-}
-
 #[tokio::test]
 async fn a_commit_wakes_an_idle_relay_through_the_wal() {
     let Some(app) = app_on_logical_server().await else {
         return;
     };
-    let relay = app.start_relay(&NO_PROBES);
-    started(&relay).await;
+    let relay = app.start_relay(&RELAY_NO_PROBES);
+    relay.wait_started().await;
     assert_eq!(relay.stats.wakeup_mode(), WakeupMode::Wal);
     for i in 1..=3 {
         app.enqueue(&app.email_job(&format!("woken-{i}")))
             .await
             .unwrap();
-        woken(&relay, i).await;
-        published(&relay, i).await;
+        relay.wait_woken(i, "WAL").await;
+        relay.wait_published(i).await;
     }
     relay.stop().await;
     assert_eq!(app.unpublished().await, 0);
@@ -117,8 +78,8 @@ async fn a_transaction_that_commits_after_later_ones_is_published_from_the_wal()
     let Some(app) = app_on_logical_server().await else {
         return;
     };
-    let relay = app.start_relay(&NO_PROBES);
-    started(&relay).await;
+    let relay = app.start_relay(&RELAY_NO_PROBES);
+    relay.wait_started().await;
     let mut early = app.begin().await;
     early
         .enqueue(&app.email_job("early-id-late-commit"))
@@ -127,10 +88,10 @@ async fn a_transaction_that_commits_after_later_ones_is_published_from_the_wal()
     app.enqueue(&app.email_job("late-id-early-commit"))
         .await
         .unwrap();
-    published(&relay, 1).await;
+    relay.wait_published(1).await;
     early.commit().await;
-    woken(&relay, 2).await;
-    published(&relay, 2).await;
+    relay.wait_woken(2, "WAL").await;
+    relay.wait_published(2).await;
     relay.stop().await;
     assert_eq!(app.unpublished().await, 0);
 }
@@ -140,11 +101,11 @@ async fn a_killed_wal_connection_is_reopened_and_no_row_is_lost() {
     let Some(app) = app_on_logical_server().await else {
         return;
     };
-    let relay = app.start_relay(&NO_PROBES);
-    started(&relay).await;
+    let relay = app.start_relay(&RELAY_NO_PROBES);
+    relay.wait_started().await;
     app.enqueue(&app.email_job("before-kill")).await.unwrap();
-    woken(&relay, 1).await;
-    published(&relay, 1).await;
+    relay.wait_woken(1, "WAL").await;
+    relay.wait_published(1).await;
     let db = pool(&app).await;
     let killed: i64 = sqlx::query_scalar(
         "SELECT count(*) FROM (SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots
@@ -158,14 +119,14 @@ async fn a_killed_wal_connection_is_reopened_and_no_row_is_lost() {
     // Committed while the stream is down: found by the rescan after it reopens.
     app.enqueue(&app.email_job("while-down")).await.unwrap();
     eventually("the stream reopened", || async {
-        (load(&relay.stats, |s| &s.resumed) >= 1).then_some(())
+        (relay.count(|s| &s.resumed) >= 1).then_some(())
     })
     .await;
-    published(&relay, 2).await;
-    let before = load(&relay.stats, |s| &s.woken);
+    relay.wait_published(2).await;
+    let before = relay.count(|s| &s.woken);
     app.enqueue(&app.email_job("after-reopen")).await.unwrap();
-    woken(&relay, before + 1).await;
-    published(&relay, 3).await;
+    relay.wait_woken(before + 1, "WAL").await;
+    relay.wait_published(3).await;
     assert_eq!(relay.stats.wakeup_mode(), WakeupMode::Wal);
     relay.stop().await;
     assert_eq!(app.unpublished().await, 0);
@@ -178,7 +139,7 @@ async fn publishes_everything(app: &TestApp, relay: &RunningRelay, prefix: &str,
             .await
             .unwrap();
     }
-    published(relay, n).await;
+    relay.wait_published(n).await;
     assert_eq!(app.unpublished().await, 0);
 }
 
@@ -190,15 +151,15 @@ async fn without_the_publication_the_relay_falls_back_to_notify_where_the_trigge
     app.execute("DROP PUBLICATION mailroom_outbox_wakeup").await;
     app.execute("ALTER TABLE mailroom_outbox ENABLE TRIGGER mailroom_outbox_notify")
         .await;
-    let relay = app.start_relay(&NO_PROBES);
-    started(&relay).await;
+    let relay = app.start_relay(&RELAY_NO_PROBES);
+    relay.wait_started().await;
     assert_eq!(relay.stats.wakeup_mode(), WakeupMode::Notify);
     for i in 1..=3 {
         app.enqueue(&app.email_job(&format!("notified-{i}")))
             .await
             .unwrap();
-        woken(&relay, i).await;
-        published(&relay, i).await;
+        relay.wait_woken(i, "WAL").await;
+        relay.wait_published(i).await;
     }
     relay.stop().await;
 }
@@ -212,10 +173,10 @@ async fn without_the_publication_or_the_trigger_the_relay_polls_and_publishes_ev
     app.execute("ALTER TABLE mailroom_outbox DISABLE TRIGGER mailroom_outbox_notify")
         .await;
     let relay = app.start_relay(&["--relay-poll-min", "10ms", "--relay-poll-max", "100ms"]);
-    started(&relay).await;
+    relay.wait_started().await;
     assert_eq!(relay.stats.wakeup_mode(), WakeupMode::Poll);
     publishes_everything(&app, &relay, "polled", 20).await;
-    assert_eq!(load(&relay.stats, |s| &s.woken), 0);
+    assert_eq!(relay.count(|s| &s.woken), 0);
     relay.stop().await;
 }
 
@@ -224,9 +185,12 @@ async fn several_relays_follow_the_wal_each_with_a_slot_of_its_own() {
     let Some(app) = app_on_logical_server().await else {
         return;
     };
-    let relays = [app.start_relay(&NO_PROBES), app.start_relay(&NO_PROBES)];
+    let relays = [
+        app.start_relay(&RELAY_NO_PROBES),
+        app.start_relay(&RELAY_NO_PROBES),
+    ];
     for relay in &relays {
-        started(relay).await;
+        relay.wait_started().await;
         assert_eq!(relay.stats.wakeup_mode(), WakeupMode::Wal);
     }
     let slots: i64 = sqlx::query_scalar(

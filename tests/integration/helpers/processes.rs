@@ -312,11 +312,51 @@ pub async fn terminate(child: &Child) {
     assert!(status.success());
 }
 
+/// Relay options that an idle outbox does not move: probes from 200 ms after activity,
+/// doubling, up to an hour once idle. A relay started with them must be woken by its source.
+pub const RELAY_NO_PROBES: [&str; 6] = [
+    "--relay-poll-min",
+    "200ms",
+    "--relay-poll",
+    "1h",
+    "--relay-poll-max",
+    "1h",
+];
+
 impl RunningRelay {
     pub fn published(&self) -> u64 {
-        self.stats
-            .published
-            .load(std::sync::atomic::Ordering::Relaxed)
+        self.count(|s| &s.published)
+    }
+
+    /// One of the relay's counters.
+    pub fn count(
+        &self,
+        pick: fn(&mailroom::relay::RelayStats) -> &std::sync::atomic::AtomicU64,
+    ) -> u64 {
+        pick(&self.stats).load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Waits for the relay's first scan (its wake-up source is open by then).
+    pub async fn wait_started(&self) {
+        eventually("the relay's first scan", || async {
+            (self.count(|s| &s.scans) >= 1).then_some(())
+        })
+        .await;
+    }
+
+    /// Waits for `n` wake-ups by the relay's source (`source` names it in a timeout).
+    pub async fn wait_woken(&self, n: u64, source: &str) {
+        eventually(&format!("{n} {source} wake-ups"), || async {
+            (self.count(|s| &s.woken) >= n).then_some(())
+        })
+        .await;
+    }
+
+    pub async fn wait_published(&self, n: u64) {
+        eventually(&format!("{n} rows published"), || async {
+            (self.published() >= n).then_some(())
+        })
+        .await;
     }
 }
 
