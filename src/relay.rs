@@ -50,6 +50,7 @@ use crate::failpoint;
 
 mod batch;
 mod binlog;
+pub mod follower;
 mod wakeup;
 pub mod wal;
 

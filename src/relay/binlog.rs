@@ -21,11 +21,12 @@ use mysql_async::prelude::Queryable;
 use mysql_async::{BinlogStream, BinlogStreamRequest, Conn, Opts, OptsBuilder, SslOpts};
 use sqlx::mysql::{MySqlConnectOptions, MySqlSslMode};
 use tokio::sync::mpsc;
-use tokio_util::sync::{CancellationToken, DropGuard};
+use tokio_util::sync::CancellationToken;
 
 use crate::broker;
 use crate::config::SecretUrl;
 
+use super::follower::Follower;
 use super::wakeup::Woken;
 
 /// The table whose inserts wake the relay.
@@ -85,62 +86,25 @@ struct Source {
     server_id: u32,
 }
 
-/// A running follower: a task that reads the stream and reconnects, and the wake-ups it sends.
-pub(super) struct Follower {
-    woken: mpsc::Receiver<Woken>,
-    live: Arc<AtomicBool>,
-    /// Cancelled on drop too: a session that ends with an error drops its follower, and the
-    /// task then closes the stream itself.
-    stop: DropGuard,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl Follower {
-    /// Checks the server's settings and the user's privileges, opens the stream at the current
-    /// position and starts following it. Anything committed before this returns is the first
-    /// scan's to find.
-    pub async fn start(url: &SecretUrl) -> Result<Follower, Unavailable> {
-        let source = Source::new(url)?;
-        let (stream, schema) = source.open().await?;
-        let server_id = source.server_id;
-        let (tx, woken) = mpsc::channel(1);
-        let live = Arc::new(AtomicBool::new(true));
-        let stop = CancellationToken::new();
-        let task = tokio::spawn(follow(
+/// Checks the server's settings and the user's privileges, opens the stream at the current
+/// position and starts following it. Anything committed before this returns is the first
+/// scan's to find.
+pub(super) async fn start(url: &SecretUrl) -> Result<Follower, Unavailable> {
+    let source = Source::new(url)?;
+    let (stream, schema) = source.open().await?;
+    let server_id = source.server_id;
+    let follower = Follower::spawn("the binary log", |f| {
+        follow(
             source,
             stream,
             OutboxWrites::new(schema),
-            tx,
-            live.clone(),
-            stop.clone(),
-        ));
-        tracing::info!(server_id, "following the binary log for outbox inserts");
-        Ok(Follower {
-            woken,
-            live,
-            stop: stop.drop_guard(),
-            task,
-        })
-    }
-
-    /// The next wake-up; cancel-safe.
-    pub async fn next(&mut self) -> anyhow::Result<Woken> {
-        self.woken
-            .recv()
-            .await
-            .ok_or_else(|| anyhow::anyhow!("the binary log follower stopped"))
-    }
-
-    /// Whether the stream is connected (false while it reconnects).
-    pub fn live(&self) -> bool {
-        self.live.load(Ordering::Relaxed)
-    }
-
-    /// Closes the dump connection and waits for the task.
-    pub async fn close(self) {
-        drop(self.stop);
-        let _ = self.task.await;
-    }
+            f.tx,
+            f.live,
+            f.stop,
+        )
+    });
+    tracing::info!(server_id, "following the binary log for outbox inserts");
+    Ok(follower)
 }
 
 impl Source {

@@ -23,7 +23,8 @@ use sqlx::PgPool;
 use sqlx::postgres::PgListener;
 
 use super::RelaySettings;
-use super::binlog::{Follower, Unavailable};
+use super::binlog::{self, Unavailable};
+use super::follower::Follower;
 use super::wal;
 use crate::db::Database;
 use crate::db::outbox;
@@ -90,7 +91,7 @@ pub enum Woken {
 pub(super) enum Wakeup {
     Notify(Box<PgListener>),
     Binlog(Follower),
-    Wal(wal::Follower),
+    Wal(Follower),
     Poll,
 }
 
@@ -114,7 +115,7 @@ impl Wakeup {
                 else {
                     return Ok(Wakeup::Poll);
                 };
-                match Follower::start(url).await {
+                match binlog::start(url).await {
                     Ok(follower) => Ok(Wakeup::Binlog(follower)),
                     Err(why @ Unavailable::Unreachable(_)) => Err(why.into()),
                     Err(why) => {
@@ -190,7 +191,7 @@ fn log_fallback(why: &Unavailable, poll_max: Duration) {
 /// retried), not a reason to settle for less.
 async fn open_postgres(pool: &PgPool, settings: &RelaySettings) -> anyhow::Result<Wakeup> {
     let why_not_wal = match (&settings.database_url, settings.wakeup) {
-        (Some(url), WakeupChoice::Auto) => match wal::Follower::start(pool, url).await {
+        (Some(url), WakeupChoice::Auto) => match wal::start(pool, url).await {
             Ok(follower) => {
                 log_wal_with_trigger(pool).await;
                 return Ok(Wakeup::Wal(follower));

@@ -29,11 +29,12 @@ use pgwire_replication::{
 use sqlx::PgPool;
 use sqlx::postgres::{PgConnectOptions, PgSslMode};
 use tokio::sync::mpsc;
-use tokio_util::sync::{CancellationToken, DropGuard};
+use tokio_util::sync::CancellationToken;
 
 use crate::broker;
 use crate::config::SecretUrl;
 
+use super::follower::Follower;
 use super::wakeup::Woken;
 
 /// The publication the relay streams: inserts into `mailroom_outbox` (a migration creates it).
@@ -80,52 +81,15 @@ fn failed(e: PgWireError) -> Unavailable {
     }
 }
 
-/// A running follower: a task that reads the stream and reopens it, and the wake-ups it sends.
-pub struct Follower {
-    woken: mpsc::Receiver<Woken>,
-    live: Arc<AtomicBool>,
-    /// Cancelled on drop too: a session that ends with an error drops its follower.
-    stop: DropGuard,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl Follower {
-    /// Checks the server and the user, opens a slot and its stream, and starts following it.
-    /// Anything committed before this returns is the first scan's to find.
-    pub async fn start(pool: &PgPool, url: &SecretUrl) -> Result<Follower, Unavailable> {
-        let source = Source::new(url)?;
-        preflight(pool).await?;
-        let client = source.open().await?;
-        let (tx, woken) = mpsc::channel(1);
-        let live = Arc::new(AtomicBool::new(true));
-        let stop = CancellationToken::new();
-        let task = tokio::spawn(follow(source, client, tx, live.clone(), stop.clone()));
-        Ok(Follower {
-            woken,
-            live,
-            stop: stop.drop_guard(),
-            task,
-        })
-    }
-
-    /// The next wake-up; cancel-safe.
-    pub async fn next(&mut self) -> anyhow::Result<Woken> {
-        self.woken
-            .recv()
-            .await
-            .ok_or_else(|| anyhow::anyhow!("the WAL follower stopped"))
-    }
-
-    /// Whether the stream is connected (false while it reopens).
-    pub fn live(&self) -> bool {
-        self.live.load(Ordering::Relaxed)
-    }
-
-    /// Closes the replication connection (the server drops the slot) and waits for the task.
-    pub async fn close(self) {
-        drop(self.stop);
-        let _ = self.task.await;
-    }
+/// Checks the server and the user, opens a slot and its stream, and starts following it.
+/// Anything committed before this returns is the first scan's to find.
+pub async fn start(pool: &PgPool, url: &SecretUrl) -> Result<Follower, Unavailable> {
+    let source = Source::new(url)?;
+    preflight(pool).await?;
+    let client = source.open().await?;
+    Ok(Follower::spawn("the WAL", |f| {
+        follow(source, client, f.tx, f.live, f.stop)
+    }))
 }
 
 /// The server's setting, the user's role and the publication, read over the relay's pool.

@@ -14,7 +14,8 @@ use chrono::{DateTime, Utc};
 use futures_util::future::BoxFuture;
 use mailroom::config::SecretUrl;
 use mailroom::db::outbox;
-use mailroom::relay::wal::Follower as WalFollower;
+use mailroom::relay::follower::Follower as WalFollower;
+use mailroom::relay::wal;
 use serde::Serialize;
 use sqlx::PgPool;
 
@@ -196,7 +197,7 @@ async fn set_mode(
         return Ok(Ok(None));
     }
     let url: SecretUrl = world.db_url.parse().map_err(anyhow::Error::msg)?;
-    Ok(WalFollower::start(world.pg_pool(), &url)
+    Ok(wal::start(world.pg_pool(), &url)
         .await
         .map(Some)
         .map_err(|e| e.to_string()))
