@@ -129,11 +129,19 @@ async fn a_relay_whose_listener_backend_is_terminated_still_relays() {
         return;
     }
     let app = TestApp::spawn().await;
+    // Where the relay can follow the WAL the migrations turned the trigger off; a relay that
+    // cannot (a remote server, a user without REPLICATION) has it on and listens.
+    app.execute("ALTER TABLE mailroom_outbox ENABLE TRIGGER mailroom_outbox_notify")
+        .await;
     let worker = app.start_worker(&[]);
     // A one-hour ceiling between probes: only notifications can bring these rows out in time.
-    let relay = app.start_relay(&["--relay-poll", "1h"]);
+    let relay = app.start_relay(&["--relay-poll", "1h", "--relay-wakeup", "notify"]);
     app.enqueue(&app.email_job("before-kill")).await.unwrap();
     app.smtp.wait_for(1).await;
+    assert_eq!(
+        relay.stats.wakeup_mode(),
+        mailroom::relay::WakeupMode::Notify
+    );
     // An operator's or a failover's kill of the listening backend.
     eventually("the listener's backend terminated", || async {
         let killed = app

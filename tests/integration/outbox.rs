@@ -91,13 +91,17 @@ async fn a_notification_wakes_the_relay_long_before_its_fallback_poll() {
         return;
     }
     let app = TestApp::spawn().await;
+    // The trigger is off where the migrations found the WAL followable (tests/integration/wal.rs).
+    app.execute("ALTER TABLE mailroom_outbox ENABLE TRIGGER mailroom_outbox_notify")
+        .await;
     let worker = app.start_worker(&[]);
     // With a one-hour fallback poll, only NOTIFY can deliver this job within the test's patience.
-    let relay = app.start_relay(&["--relay-poll", "1h"]);
-    eventually("the relay's first scan", || async {
-        (relay.stats.scans.load(std::sync::atomic::Ordering::Relaxed) >= 1).then_some(())
-    })
-    .await;
+    let relay = app.start_relay(&["--relay-poll", "1h", "--relay-wakeup", "notify"]);
+    relay.wait_started().await;
+    assert_eq!(
+        relay.stats.wakeup_mode(),
+        mailroom::relay::WakeupMode::Notify
+    );
     app.enqueue(&app.email_job("notified")).await.unwrap();
     app.smtp.wait_for(1).await;
     relay.stop().await;
