@@ -36,9 +36,25 @@ async fn kill_process(name: &str) {
     .await;
 }
 
-/// SIGKILLs the broker's Erlang VM: no clean shutdown, no chance to flush anything.
+/// SIGKILLs the shared broker's Erlang VM: no clean shutdown, no chance to flush anything. The
+/// nodes of `scripts/cluster` (their pids in its data directory) and the VMs of command-line
+/// tools (escripts such as rabbitmqctl) are left alone.
 async fn kill_broker() {
-    kill_process("beam.smp").await;
+    let cluster =
+        std::env::var("MAILROOM_CLUSTER_DIR").unwrap_or("/var/tmp/mailroom-cluster".into());
+    let script = r#"set -eu
+spare=" "
+for f in CLUSTER/rmqc*/pid; do [ -s "$f" ] && spare="$spare$(cat "$f") "; done
+pids=""
+for p in $(pgrep -x beam.smp); do
+    case "$spare" in *" $p "*) continue ;; esac
+    tr '\0' ' ' </proc/$p/cmdline | grep -q escript && continue
+    pids="$pids $p"
+done
+[ -n "$pids" ] || { echo 'no broker process to kill' >&2; exit 1; }
+kill -KILL $pids
+for p in $pids; do while kill -0 $p 2>/dev/null; do sleep 0.1; done; done"#;
+    sh(&script.replace("CLUSTER", &cluster)).await;
 }
 
 /// Crashes the suite's database server: PostgreSQL's immediate stop (every backend killed, WAL
