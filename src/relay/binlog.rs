@@ -23,10 +23,9 @@ use sqlx::mysql::{MySqlConnectOptions, MySqlSslMode};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use crate::broker;
 use crate::config::SecretUrl;
 
-use super::follower::Follower;
+use super::follower::{Follower, reopen};
 use super::wakeup::Woken;
 
 /// The table whose inserts wake the relay.
@@ -293,7 +292,8 @@ async fn follow(
             cause = lost,
             "binary log stream lost; reopening it at the current position"
         );
-        let Some((reopened, _)) = reopen(&source, &stop).await else {
+        let Some((reopened, _)) = reopen("the binary log stream", &stop, || source.open()).await
+        else {
             return;
         };
         stream = reopened;
@@ -301,24 +301,6 @@ async fn follow(
         live.store(true, Ordering::Relaxed);
         tracing::info!("binary log stream reopened; rescanning the outbox");
         let _ = woken.try_send(Woken::Resumed);
-    }
-}
-
-/// Reopens the stream with capped exponential backoff; `None` once `stop` is cancelled.
-async fn reopen(source: &Source, stop: &CancellationToken) -> Option<(BinlogStream, String)> {
-    let mut backoff = broker::reconnect_backoff();
-    loop {
-        let wait = backoff.next().unwrap_or(broker::RECONNECT_MAX);
-        tokio::select! {
-            _ = stop.cancelled() => return None,
-            _ = tokio::time::sleep(wait) => {}
-        }
-        match source.open().await {
-            Ok(opened) => return Some(opened),
-            Err(e) => {
-                tracing::warn!(error = %e, retry_in = ?wait, "cannot reopen the binary log stream")
-            }
-        }
     }
 }
 

@@ -2,6 +2,7 @@
 //! MySQL/MariaDB): the wake-ups it sends, whether its stream is connected, and the token that
 //! stops it.
 
+use std::fmt::Display;
 use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -73,5 +74,31 @@ impl Follower {
     pub async fn close(self) {
         drop(self.stop);
         let _ = self.task.await;
+    }
+}
+
+/// Reopens a follower's stream with `open`, with capped exponential backoff between tries;
+/// `None` once `stop` is cancelled. `stream` names it in the log (`the WAL`).
+pub(super) async fn reopen<T, E, F, Fut>(
+    stream: &str,
+    stop: &CancellationToken,
+    mut open: F,
+) -> Option<T>
+where
+    E: Display,
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, E>>,
+{
+    let mut backoff = crate::broker::reconnect_backoff();
+    loop {
+        let wait = backoff.next().unwrap_or(crate::broker::RECONNECT_MAX);
+        tokio::select! {
+            _ = stop.cancelled() => return None,
+            _ = tokio::time::sleep(wait) => {}
+        }
+        match open().await {
+            Ok(opened) => return Some(opened),
+            Err(e) => tracing::warn!(error = %e, retry_in = ?wait, "cannot reopen {stream}"),
+        }
     }
 }

@@ -31,10 +31,9 @@ use sqlx::postgres::{PgConnectOptions, PgSslMode};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use crate::broker;
 use crate::config::SecretUrl;
 
-use super::follower::Follower;
+use super::follower::{Follower, reopen};
 use super::wakeup::Woken;
 
 /// The publication the relay streams: inserts into `mailroom_outbox` (a migration creates it).
@@ -248,29 +247,13 @@ async fn follow(
         live.store(false, Ordering::Relaxed);
         tracing::warn!(cause = lost, "WAL stream lost; opening a new slot");
         client.abort();
-        let Some(reopened) = reopen(&source, &stop).await else {
+        let Some(reopened) = reopen("the WAL stream", &stop, || source.open()).await else {
             return;
         };
         client = reopened;
         live.store(true, Ordering::Relaxed);
         tracing::info!("WAL stream reopened; rescanning the outbox");
         let _ = woken.try_send(Woken::Resumed);
-    }
-}
-
-/// Reopens the stream with capped exponential backoff; `None` once `stop` is cancelled.
-async fn reopen(source: &Source, stop: &CancellationToken) -> Option<ReplicationClient> {
-    let mut backoff = broker::reconnect_backoff();
-    loop {
-        let wait = backoff.next().unwrap_or(broker::RECONNECT_MAX);
-        tokio::select! {
-            _ = stop.cancelled() => return None,
-            _ = tokio::time::sleep(wait) => {}
-        }
-        match source.open().await {
-            Ok(client) => return Some(client),
-            Err(e) => tracing::warn!(error = %e, retry_in = ?wait, "cannot reopen the WAL stream"),
-        }
     }
 }
 
