@@ -172,3 +172,14 @@ fn every_spelling_of_a_domain_normalises_to_one_address() {
         normalised_address("ada@x.de")
     );
 }
+
+#[test]
+fn a_domain_whose_ascii_form_is_too_long_for_dns_is_refused_at_the_door() {
+    // 30 different CJK characters: 90 bytes of UTF-8, over 63 bytes of punycode (DNS's limit
+    // per label).
+    let label: String = (0..30)
+        .map(|i| char::from_u32(0x4e00 + i * 37).unwrap())
+        .collect();
+    let long = job(with("to", serde_json::json!([format!("ada@{label}.de")])));
+    assert_eq!(field_of(long.unwrap_err()), "to[0]");
+}
