@@ -17,6 +17,23 @@ fn job_to(app: &TestApp, job_id: &str, address: &str) -> serde_json::Value {
     job
 }
 
+/// One accepted transaction: its recipients and its span (MAIL FROM to the final reply).
+#[derive(serde::Deserialize)]
+pub(super) struct Transaction {
+    rcpt_tos: Vec<String>,
+    mail_at: f64,
+    received_at: f64,
+}
+
+/// The accepted transactions, from the recorder's log (its `mail_at` field is not part of the
+/// test kit's `Received`).
+pub(super) fn transactions(app: &TestApp) -> Vec<Transaction> {
+    let log = std::fs::read_to_string(app.dir.path().join("received.jsonl")).unwrap();
+    log.lines()
+        .map(|line| serde_json::from_str(line).unwrap())
+        .collect()
+}
+
 /// The most receive times (seconds) that fall within any one second.
 fn busiest_second(times: &[f64]) -> usize {
     let mut times = times.to_vec();

@@ -163,6 +163,12 @@ pub fn table(r: &Results) -> String {
         r.machine.cores,
         r.machine.cpu
     );
+    if cfg!(debug_assertions) {
+        let _ = writeln!(
+            t,
+            "WARNING: a debug build (`--profile dev`, as CI runs it to check that the benchmark works): mailroom runs unoptimised and its figures are not its speed; `cargo bench` builds the release profile."
+        );
+    }
     if r.machine.busy_before_pct > 20.0 {
         let _ = writeln!(
             t,

@@ -43,7 +43,9 @@ pub struct Browser {
 
 impl Drop for Browser {
     /// `DELETE /session/{id}` over a plain socket (Drop cannot await): chromedriver quits
-    /// Chromium before it answers. Killing the driver alone would orphan the browser.
+    /// Chromium before it answers. Killing the driver alone would orphan the browser. The answer
+    /// is read up to its `Content-Length`: chromedriver says `Connection: close` but keeps the
+    /// socket open, so reading to the end waited for the read timeout (20 s per browser).
     fn drop(&mut self) {
         use std::io::{Read, Write};
         let path = self
@@ -57,9 +59,32 @@ impl Drop for Browser {
         let request =
             format!("DELETE {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n");
         if socket.write_all(request.as_bytes()).is_ok() {
-            let _ = socket.read_to_end(&mut Vec::new());
+            let mut answer = Vec::new();
+            let mut chunk = [0; 4096];
+            while let Ok(n @ 1..) = socket.read(&mut chunk) {
+                answer.extend_from_slice(&chunk[..n]);
+                if http_answer_complete(&answer) {
+                    break;
+                }
+            }
         }
     }
+}
+
+/// Whether `answer` holds an HTTP answer's head and as many body bytes as its `Content-Length`
+/// says.
+fn http_answer_complete(answer: &[u8]) -> bool {
+    let text = String::from_utf8_lossy(answer);
+    let Some((head, body)) = text.split_once("\r\n\r\n") else {
+        return false;
+    };
+    let length = head.lines().find_map(|line| {
+        let (name, value) = line.split_once(':')?;
+        name.eq_ignore_ascii_case("content-length")
+            .then(|| value.trim().parse::<usize>().ok())
+            .flatten()
+    });
+    length.is_none_or(|length| body.len() >= length)
 }
 
 /// The screen a browser emulates.

@@ -6,23 +6,6 @@
 
 use super::*;
 
-/// One accepted transaction: its recipients and its span (MAIL FROM to the final reply).
-#[derive(serde::Deserialize)]
-struct Transaction {
-    rcpt_tos: Vec<String>,
-    mail_at: f64,
-    received_at: f64,
-}
-
-/// The accepted transactions, from the recorder's log (its `mail_at` field is not part of the
-/// test kit's `Received`).
-fn transactions(app: &TestApp) -> Vec<Transaction> {
-    let log = std::fs::read_to_string(app.dir.path().join("received.jsonl")).unwrap();
-    log.lines()
-        .map(|line| serde_json::from_str(line).unwrap())
-        .collect()
-}
-
 /// The most transactions to `domain` (every domain when empty) in progress at one instant.
 fn peak(transactions: &[Transaction], domain: &str) -> usize {
     let mut edges: Vec<(f64, i32)> = transactions
