@@ -95,7 +95,27 @@ impl Settings {
     }
 }
 
+/// The whole soak's bound beyond its nemesis phase and drain: a run that has not ended by then
+/// fails with the nemesis notes it printed so far, instead of holding CI until its deadline.
+const SOAK_SLACK: Duration = Duration::from_secs(300);
+
 async fn soak(s: Settings) {
+    let bound = s.nemesis + drain_patience(s.jobs) + SOAK_SLACK;
+    let seed = s.seed;
+    if tokio::time::timeout(bound, soak_unbounded(s))
+        .await
+        .is_err()
+    {
+        panic!("the soak (seed {seed}) did not end within {bound:?}: see the nemesis notes above");
+    }
+}
+
+/// How long the drain after the nemesis may take to see every committed job settle.
+fn drain_patience(jobs: u64) -> Duration {
+    Duration::from_secs(180 + jobs / 25)
+}
+
+async fn soak_unbounded(s: Settings) {
     println!(
         "soak: seed {} (MAILROOM_SOAK_SEED={} replays it), {} jobs, nemesis {:?}: {:?}",
         s.seed, s.seed, s.jobs, s.nemesis, s.ops
@@ -120,8 +140,7 @@ async fn soak(s: Settings) {
     );
     cluster.heal();
     let mut observer = observe::Observer::new(&app);
-    let patience = Duration::from_secs(180 + s.jobs / 25);
-    observer.drain(&committed, patience).await;
+    observer.drain(&committed, drain_patience(s.jobs)).await;
     let hung = cluster.stop().await;
     let history = History {
         seed: s.seed,

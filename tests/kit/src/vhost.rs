@@ -41,13 +41,23 @@ impl Vhost {
     }
 }
 
-/// Runs `rabbitmqctl -q ARGS` against the local node and panics with its stderr on failure.
+/// How long one `rabbitmqctl` call may take (a node restart's `await_startup` included) before
+/// the test fails instead of waiting on a wedged node.
+const RABBITMQCTL_PATIENCE: std::time::Duration = std::time::Duration::from_secs(120);
+
+/// Runs `rabbitmqctl -q ARGS` against the local node and panics with its stderr on failure, or
+/// when it has not returned within [`RABBITMQCTL_PATIENCE`].
 pub async fn rabbitmqctl(args: &[&str]) {
-    let out = tokio::process::Command::new("rabbitmqctl")
+    let run = tokio::process::Command::new("rabbitmqctl")
         .arg("-q")
         .args(args)
-        .output()
+        .kill_on_drop(true)
+        .output();
+    let out = tokio::time::timeout(RABBITMQCTL_PATIENCE, run)
         .await
+        .unwrap_or_else(|_| {
+            panic!("rabbitmqctl {args:?} did not return in {RABBITMQCTL_PATIENCE:?}")
+        })
         .unwrap();
     assert!(
         out.status.success(),
