@@ -19,8 +19,9 @@
 //! `worker.after_claim@order-7=abort`; the worker's points take the job id.
 //!
 //! Points: `worker.before_claim` (decoded, nothing claimed yet), `worker.after_claim`,
-//! `worker.after_smtp_ok`, `worker.after_record`, `worker.before_ack` (every ack: the outcome is
-//! recorded or published, the ack not sent), `relay.after_confirm`, `dlq.after_insert` (a dead
+//! `worker.after_smtp_ok`, `worker.after_record`, `worker.before_dead_letter` (the job's
+//! dead letter not yet published), `worker.before_ack` (every ack: the outcome is recorded or
+//! published, the ack not sent), `relay.after_confirm`, `dlq.after_insert` (a dead
 //! letter's row committed, its ack not sent: [`crate::dlq::ingest`]),
 //! `broker.migrate_mid_drain` (a moved letter's copy confirmed, the original not acked:
 //! [`crate::broker::migrate`]; armed per letter by message id).

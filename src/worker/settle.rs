@@ -15,7 +15,7 @@ use lapin::{
 };
 
 use super::{ErrorClass, OTHER_KIND, Outcome, Stats, Worker};
-use crate::broker::{self, Topology};
+use crate::broker::{self, PublishError, Topology};
 use crate::job::mask_addresses;
 
 /// How long an ack or reject may take to be written. lapin resolves it once written; an ack
@@ -196,8 +196,10 @@ impl Worker {
         }
     }
 
-    /// Publishes the job to our dead-letter exchange with its reason (confirmed), then acks; if
-    /// that fails, rejects it to the queue's own dead-letter exchange.
+    /// Publishes the job to our dead-letter exchange with its reason (confirmed), then acks. If
+    /// the publisher's connection was lost, publishes once more on a connection of its own; if
+    /// the publish fails otherwise (unroutable, nacked, unconfirmed), rejects it to the queue's
+    /// own dead-letter exchange.
     async fn settle_dead(
         &self,
         publisher: &broker::Publisher,
@@ -211,10 +213,23 @@ impl Worker {
             &broker::dead_letter_headers(reason, class.as_str(), attempts),
         );
         let dlx = &self.settings.topology.dlx;
-        match publisher
-            .publish(dlx, delivery.routing_key.as_str(), &delivery.data, props)
+        let key = delivery.routing_key.as_str();
+        #[cfg(feature = "failpoints")]
+        crate::failpoint::hit_job("worker.before_dead_letter", &failpoint_job_id(delivery)).await;
+        let mut published = publisher
+            .publish(dlx, key, &delivery.data, props.clone())
             .await
+            .map_err(anyhow::Error::from);
+        if let Err(e) = &published
+            && matches!(e.downcast_ref(), Some(PublishError::Amqp(_)))
         {
+            // The publisher's connection or channel is gone (the session ends and reconnects).
+            // Rejected to the queue's DLX, the letter would carry no reason; returned to the
+            // queue, its copy would find the job's row dead and be acked without a letter.
+            tracing::warn!(error = %e, "the publisher's connection was lost before the dead letter was confirmed; publishing it on a connection of its own");
+            published = self.publish_alone(dlx, key, &delivery.data, props).await;
+        }
+        match published {
             Ok(()) => {
                 tracing::warn!(
                     outcome = "dead",
@@ -229,12 +244,28 @@ impl Worker {
             Err(e) => {
                 // The queue's own dead-letter exchange keeps the message (at-least-once),
                 // without our reason headers; the reason is in this log line.
-                tracing::error!(outcome = "dead", error = %e, class = class.as_str(), reason = mask_addresses(reason), "cannot publish to the dead-letter exchange; rejecting to the queue's DLX");
+                tracing::error!(outcome = "dead", error = %format!("{e:#}"), class = class.as_str(), reason = mask_addresses(reason), "cannot publish to the dead-letter exchange; rejecting to the queue's DLX");
                 self.stats
                     .dead_lettered(&self.kind_label(delivery), class.as_str());
                 self.reject(delivery, false).await;
             }
         }
+    }
+
+    /// One confirmed publish on a connection opened for it, then closed.
+    async fn publish_alone(
+        &self,
+        exchange: &str,
+        key: &str,
+        body: &[u8],
+        props: BasicProperties,
+    ) -> anyhow::Result<()> {
+        let s = &self.settings;
+        let name = format!("{} dead-letter publisher", s.name);
+        let publisher = broker::Publisher::connect(&s.amqp, &name).await?;
+        let published = publisher.publish(exchange, key, body, props).await;
+        publisher.close("dead letter published").await;
+        Ok(published?)
     }
 
     async fn ack(&self, delivery: &Delivery) {
@@ -297,4 +328,13 @@ fn retry_properties(delivery: &Delivery, delay: Duration, reason: &str) -> Basic
             (broker::LAST_ERROR_HEADER, broker::reason_value(reason)),
         ],
     )
+}
+
+/// The job id in a delivery's body, for the failpoints armed per job (`name@JOB_ID`).
+#[cfg(feature = "failpoints")]
+fn failpoint_job_id(delivery: &Delivery) -> String {
+    serde_json::from_slice::<serde_json::Value>(&delivery.data)
+        .ok()
+        .and_then(|job| job["job_id"].as_str().map(str::to_owned))
+        .unwrap_or_default()
 }

@@ -196,3 +196,74 @@ async fn a_retry_lands_in_exactly_one_tier_and_comes_back_once() {
     tokio::time::sleep(delay * 3).await;
     assert_eq!(app.ready_messages().await, 1, "one copy, not one per tier");
 }
+
+/// A dead letter whose publish meets a closed publisher connection is published once more on a
+/// connection of its own, with its class and reason. Before, it was rejected to the work
+/// queue's own dead-letter exchange and reached the dead-letter queue without them (seen in the
+/// chaos soak); returned to the queue instead, its copy would have found the row dead and been
+/// acked with no letter at all.
+#[tokio::test]
+async fn a_dead_letter_whose_publisher_connection_closed_keeps_its_reason() {
+    let vhost = Vhost::create().await;
+    let app = TestApp::spawn_on(vhost.url.clone(), &["--fail", "RCPT:550"]).await;
+    let _worker = app.spawn_worker_process(
+        &[],
+        &[(
+            "MAILROOM_FAILPOINTS",
+            "worker.before_dead_letter@refused=delay-once:3s",
+        )],
+    );
+    app.publish(&app.job("refused")).await;
+    let log = app.dir.path().join("worker.log");
+    eventually(
+        "the worker to hold the dead letter at its failpoint",
+        || async {
+            let text = std::fs::read_to_string(&log).ok()?;
+            text.contains("failpoint: delaying this delivery")
+                .then_some(())
+        },
+    )
+    .await;
+    close_connections_named(&vhost, " publisher").await;
+
+    let dead = app.dead_letters(1).await;
+    assert_eq!(
+        dead[0].header("x-mailroom-error-class").as_deref(),
+        Some("rejected")
+    );
+    assert!(dead[0].header("x-mailroom-error").unwrap().contains("550"));
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        text.contains("publishing it on a connection of its own"),
+        "the closed connection hit the dead letter's publish"
+    );
+    assert_eq!(app.dead_queue_length().await, 0, "one letter, ingested");
+    drop(app);
+    vhost.delete().await;
+}
+
+/// Closes the connections of `vhost` whose client-given name (`connection_name` in its client
+/// properties: RabbitMQ 3.10's `list_connections` has no `user_provided_name`) ends with
+/// `suffix`.
+async fn close_connections_named(vhost: &Vhost, suffix: &str) {
+    let out = tokio::process::Command::new("rabbitmqctl")
+        .args(["-q", "list_connections", "-p", &vhost.name])
+        .args(["pid", "client_properties"])
+        .output()
+        .await
+        .unwrap();
+    let listing = String::from_utf8_lossy(&out.stdout).into_owned();
+    let mut closed = 0;
+    for (pid, properties) in listing.lines().filter_map(|l| l.split_once('\t')) {
+        if properties.contains(&format!("{suffix}\"}}")) {
+            let status = tokio::process::Command::new("rabbitmqctl")
+                .args(["-q", "close_connection", pid, "mailroom test: closed"])
+                .status()
+                .await
+                .unwrap();
+            assert!(status.success());
+            closed += 1;
+        }
+    }
+    assert!(closed > 0, "no connection named *{suffix} in {listing}");
+}
