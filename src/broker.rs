@@ -19,8 +19,8 @@ mod missing;
 mod publisher;
 
 pub use connect::{
-    CONNECT_TIMEOUT, Ended, HEALTHY_AFTER, RECONNECT_MAX, RECONNECT_MIN, Reconnect, connect,
-    reconnect_backoff, refusal,
+    CONNECT_STAGGER, CONNECT_TIMEOUT, Ended, HEALTHY_AFTER, RECONNECT_MAX, RECONNECT_MIN,
+    Reconnect, connect, reconnect_backoff, refusal,
 };
 pub use declare::{
     DeadQueue, Declared, Missing, REPAIR_EVERY, Refused, declare_and_repair, declare_topology,

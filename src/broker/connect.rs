@@ -26,6 +26,12 @@ pub const HEALTHY_AFTER: Duration = Duration::from_secs(30);
 /// to complete the handshake (`handshake_timeout`).
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// How long a node of `AMQP_URL` has to answer before the next one is tried beside it (each
+/// still has [`CONNECT_TIMEOUT`]). A handshake takes milliseconds on a LAN and well under a
+/// second with TLS across regions; after a session's node froze, a reconnect reaches a healthy
+/// node this soon instead of after the frozen node's whole timeout.
+pub const CONNECT_STAGGER: Duration = Duration::from_secs(2);
+
 /// The bare reconnect schedule: capped exponential with jitter, never giving up.
 pub fn reconnect_backoff() -> backon::ExponentialBackoff {
     use backon::BackoffBuilder;
@@ -94,32 +100,90 @@ impl Reconnect {
     }
 }
 
-/// Connects to the first reachable node of `urls` that answers within [`CONNECT_TIMEOUT`],
-/// naming the connection after `name` so operators see which process it is in the management
-/// UI and `rabbitmqctl`. The error is that of the last node, as [`refusal`] tells it.
+/// Connects to a node of `urls`, naming the connection after `name` so operators see which
+/// process it is in the management UI and `rabbitmqctl`. The nodes are tried in their order,
+/// staggered: the next one starts when the previous refused, or after [`CONNECT_STAGGER`]
+/// without an answer, and the first handshake to complete wins (a later answer is closed).
+/// Each node has [`CONNECT_TIMEOUT`]. When every node failed, the error is that of the last
+/// node, as [`refusal`] tells it.
 pub async fn connect(urls: &UrlList, name: &str) -> anyhow::Result<Connection> {
-    let mut last = None;
-    for url in &urls.0 {
-        let props = ConnectionProperties::default().with_connection_name(name.into());
-        let refused = match tokio::time::timeout(
-            CONNECT_TIMEOUT,
-            Connection::connect(url.expose(), props),
-        )
-        .await
-        {
-            Ok(Ok(conn)) => return Ok(conn),
-            Ok(Err(e)) => refusal(url, &e),
-            Err(_) => Fatal::Unavailable(format!(
-                "connecting to RabbitMQ at {}: no answer to the AMQP handshake within {CONNECT_TIMEOUT:?}",
-                address(url)
-            )),
-        };
-        if urls.0.len() > 1 {
-            tracing::warn!(error = %refused, "RabbitMQ node unavailable; trying the next");
+    use futures_util::stream::{FuturesUnordered, StreamExt};
+
+    let nodes = &urls.0;
+    let attempt = |i: usize| {
+        let (url, name): (SecretUrl, String) = (nodes[i].clone(), name.into());
+        async move { (i, connect_one(&url, &name).await) }
+    };
+    let mut pending = FuturesUnordered::new();
+    let mut errors: Vec<Option<Fatal>> = nodes.iter().map(|_| None).collect();
+    let mut next = 0;
+    while next < nodes.len() || !pending.is_empty() {
+        if pending.is_empty() {
+            pending.push(attempt(next));
+            next += 1;
         }
-        last = Some(refused);
+        tokio::select! {
+            Some((i, result)) = pending.next() => match result {
+                Ok(conn) => {
+                    close_late_answers(pending);
+                    return Ok(conn);
+                }
+                Err(refused) => {
+                    if nodes.len() > 1 {
+                        tracing::warn!(error = %refused, "RabbitMQ node unavailable; trying the next");
+                    }
+                    errors[i] = Some(refused);
+                    if next < nodes.len() {
+                        pending.push(attempt(next));
+                        next += 1;
+                    }
+                }
+            },
+            () = tokio::time::sleep(CONNECT_STAGGER), if next < nodes.len() => {
+                tracing::info!(
+                    "RabbitMQ at {} has not answered in {CONNECT_STAGGER:?}; trying the next node as well",
+                    address(&nodes[next - 1])
+                );
+                pending.push(attempt(next));
+                next += 1;
+            }
+        }
     }
+    let last = errors.into_iter().rev().flatten().next();
     Err(last.map_or_else(|| anyhow::anyhow!("no AMQP_URL given"), anyhow::Error::from))
+}
+
+/// One node's handshake, bounded by [`CONNECT_TIMEOUT`].
+async fn connect_one(url: &SecretUrl, name: &str) -> Result<Connection, Fatal> {
+    let props = ConnectionProperties::default().with_connection_name(name.into());
+    match tokio::time::timeout(CONNECT_TIMEOUT, Connection::connect(url.expose(), props)).await {
+        Ok(Ok(conn)) => Ok(conn),
+        Ok(Err(e)) => Err(refusal(url, &e)),
+        Err(_) => Err(Fatal::Unavailable(format!(
+            "connecting to RabbitMQ at {}: no answer to the AMQP handshake within {CONNECT_TIMEOUT:?}",
+            address(url)
+        ))),
+    }
+}
+
+/// Lets the handshakes still under way finish in the background and closes those that
+/// complete: a connection nobody holds would otherwise stay open on its node.
+fn close_late_answers<F>(pending: futures_util::stream::FuturesUnordered<F>)
+where
+    F: std::future::Future<Output = (usize, Result<Connection, Fatal>)> + Send + 'static,
+{
+    use futures_util::StreamExt;
+    if pending.is_empty() {
+        return;
+    }
+    tokio::spawn(async move {
+        let mut pending = pending;
+        while let Some((_, result)) = pending.next().await {
+            if let Ok(conn) = result {
+                let _ = conn.close(200, "another node answered first".into()).await;
+            }
+        }
+    });
 }
 
 /// `host:port` of an AMQP URL, with the scheme's default port.

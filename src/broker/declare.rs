@@ -101,35 +101,90 @@ pub async fn declare_topology(conn: &Connection, t: &Topology) -> anyhow::Result
     })
 }
 
-/// [`declare_topology`]; when a part is missing, a background task (one per namespace) connects
-/// to `urls` as `name` every [`REPAIR_EVERY`] and declares the topology again until it is
-/// complete.
+/// Declares the topology for a session of `name`; parts left missing are declared again in the
+/// background (a task per namespace that connects to `urls` every [`REPAIR_EVERY`] until the
+/// topology is complete).
+///
+/// A reconnect of a process that has declared the namespace before only looks its essential
+/// parts up, read-only, and declares everything again in that background task. Declaring writes
+/// to the cluster's metadata store, which waits for every node: on a cluster with one node
+/// frozen, a full declaration on a healthy node hangs until the frozen one is thawed or taken
+/// for down, while lookups answer at once and consuming a quorum queue needs only a majority.
+/// A lookup that fails (a broker reset, a deleted queue) falls back to the full declaration.
 pub async fn declare_and_repair(
     conn: &Connection,
     urls: &UrlList,
     t: &Topology,
     name: &str,
-) -> anyhow::Result<Declared> {
+) -> anyhow::Result<()> {
+    if missing::declared_before(t) {
+        match essentials_exist(conn, t).await {
+            Ok(()) => {
+                spawn_repair(urls, t, name, Duration::ZERO);
+                return Ok(());
+            }
+            Err(e) => {
+                tracing::info!("the topology is not all there ({e:#}); declaring it again");
+            }
+        }
+    }
     let declared = declare_topology(conn, t).await?;
-    if !declared.complete() && missing::start_repair(t) {
-        let (urls, t, name) = (urls.clone(), t.clone(), format!("{name} (declaring)"));
-        tokio::spawn(async move {
-            loop {
-                tokio::time::sleep(REPAIR_EVERY).await;
-                if let Ok(conn) = super::connect(&urls, &name).await {
-                    let done = declare_topology(&conn, &t)
-                        .await
-                        .is_ok_and(|d| d.complete());
-                    let _ = conn.close(200, "declared".into()).await;
-                    if done {
-                        break;
-                    }
+    missing::mark_declared(t);
+    if !declared.complete() {
+        spawn_repair(urls, t, name, REPAIR_EVERY);
+    }
+    Ok(())
+}
+
+/// Declares the topology in the background, on a connection of its own, first after `delay`,
+/// then every [`REPAIR_EVERY`] until it is complete; nothing when the namespace's task runs.
+fn spawn_repair(urls: &UrlList, t: &Topology, name: &str, delay: Duration) {
+    if !missing::start_repair(t) {
+        return;
+    }
+    let (urls, t, name) = (urls.clone(), t.clone(), format!("{name} (declaring)"));
+    tokio::spawn(async move {
+        let mut delay = delay;
+        loop {
+            tokio::time::sleep(delay).await;
+            delay = REPAIR_EVERY;
+            if let Ok(conn) = super::connect(&urls, &name).await {
+                let done = declare_topology(&conn, &t)
+                    .await
+                    .is_ok_and(|d| d.complete());
+                let _ = conn.close(200, "declared".into()).await;
+                if done {
+                    break;
                 }
             }
-            missing::end_repair(&t);
-        });
+        }
+        missing::end_repair(&t);
+    });
+}
+
+/// Passive declarations (lookups that change nothing) of the exchanges and the work queue.
+async fn essentials_exist(conn: &Connection, t: &Topology) -> anyhow::Result<()> {
+    let ch = conn.create_channel().await?;
+    let passive = ExchangeDeclareOptions {
+        passive: true,
+        ..Default::default()
+    };
+    for (name, kind) in [
+        (&t.exchange, ExchangeKind::Topic),
+        (&t.retry_exchange, ExchangeKind::Headers),
+        (&t.dlx, ExchangeKind::Fanout),
+    ] {
+        ch.exchange_declare(name.as_str().into(), kind, passive, FieldTable::default())
+            .await
+            .map_err(|e| anyhow::anyhow!("looking up exchange {name}: {e}"))?;
     }
-    Ok(declared)
+    let passive = QueueDeclareOptions {
+        passive: true,
+        ..Default::default()
+    };
+    declare_queue(&ch, &t.queue, passive, FieldTable::default()).await?;
+    let _ = ch.close(200, "looked up".into()).await;
+    Ok(())
 }
 
 fn durable_queue() -> QueueDeclareOptions {

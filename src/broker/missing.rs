@@ -17,6 +17,8 @@ struct State {
     repairing: BTreeSet<String>,
     /// Namespaces whose classic `<ns>.dead` was reported.
     classic_told: BTreeSet<String>,
+    /// Namespaces this process has declared in full once.
+    declared: BTreeSet<String>,
 }
 
 static STATE: Mutex<Option<State>> = Mutex::new(None);
@@ -67,6 +69,16 @@ pub(super) fn record(t: &Topology, now: &[Missing]) {
             .map(|m| (m.part.clone(), m.error.clone()))
             .collect();
     })
+}
+
+/// Whether this process has declared the namespace's topology in full before (so a session
+/// now is a reconnect).
+pub(super) fn declared_before(t: &Topology) -> bool {
+    with(|s| s.declared.contains(&t.exchange))
+}
+
+pub(super) fn mark_declared(t: &Topology) {
+    with(|s| s.declared.insert(t.exchange.clone()));
 }
 
 /// Whether the caller should start the namespace's repair task (none is running).
