@@ -61,6 +61,8 @@ const LOCK_WAIT_TIMEOUT_SECS: u32 = 30;
 /// How long a caller waits for a pooled connection before the attempt counts as
 /// "database unavailable" (a transient failure).
 const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long [`Database::close`] waits for the pool to close.
+const CLOSE_PATIENCE: Duration = Duration::from_secs(5);
 
 /// A pooled connection to the configured database engine.
 #[derive(Clone, Debug)]
@@ -198,9 +200,20 @@ impl Database {
 
     /// Closes the pool, waiting for connections in use to be returned.
     pub async fn close(&self) {
-        match self {
-            Database::Postgres(pool) => pool.close().await,
-            Database::MySql(pool) => pool.close().await,
+        let close = async {
+            match self {
+                Database::Postgres(pool) => pool.close().await,
+                Database::MySql(pool) => pool.close().await,
+            }
+        };
+        // sqlx's close waits until every connection is back in the pool and closed, and a
+        // connection returned as the pool closes can be missed for good (a `mailroom dlq
+        // ingest` was seen waiting for ever with nothing left to do). Past this bound the
+        // pool is left to the process's exit, which closes its sockets.
+        if tokio::time::timeout(CLOSE_PATIENCE, close).await.is_err() {
+            tracing::debug!(
+                "the database pool did not close within {CLOSE_PATIENCE:?}; leaving it to the exit"
+            );
         }
     }
 }

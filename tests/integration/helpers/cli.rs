@@ -45,6 +45,9 @@ pub struct CliOutput {
     pub stderr: String,
 }
 
+/// How long one CLI command may run in a test.
+const CLI_PATIENCE: std::time::Duration = std::time::Duration::from_secs(120);
+
 /// Runs the built `mailroom` binary with `args` and `env` (and nothing from the caller's
 /// environment that mailroom reads).
 pub async fn run_cli(args: &[&str], env: &[(&str, &str)]) -> CliOutput {
@@ -60,12 +63,16 @@ pub async fn run_cli(args: &[&str], env: &[(&str, &str)]) -> CliOutput {
     ] {
         cmd.env_remove(var);
     }
-    let out = cmd
+    let run = cmd
         .args(args)
         .envs(env.iter().copied())
         .stdin(Stdio::null())
-        .output()
+        .kill_on_drop(true)
+        .output();
+    // A command that does not end fails its test, naming itself, instead of holding the suite.
+    let out = tokio::time::timeout(CLI_PATIENCE, run)
         .await
+        .unwrap_or_else(|_| panic!("mailroom {args:?} did not exit within {CLI_PATIENCE:?}"))
         .expect("run the mailroom binary");
     CliOutput {
         status: out.status,
