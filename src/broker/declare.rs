@@ -169,15 +169,7 @@ async fn essentials_exist(conn: &Connection, t: &Topology) -> anyhow::Result<()>
         passive: true,
         ..Default::default()
     };
-    for (name, kind) in [
-        (&t.exchange, ExchangeKind::Topic),
-        (&t.retry_exchange, ExchangeKind::Headers),
-        (&t.dlx, ExchangeKind::Fanout),
-    ] {
-        ch.exchange_declare(name.as_str().into(), kind, passive, FieldTable::default())
-            .await
-            .map_err(|e| anyhow::anyhow!("looking up exchange {name}: {e}"))?;
-    }
+    declare_exchanges_with(&ch, t, passive).await?;
     let passive = QueueDeclareOptions {
         passive: true,
         ..Default::default()
@@ -199,14 +191,28 @@ async fn declare_exchanges(ch: &Channel, t: &Topology) -> anyhow::Result<()> {
         durable: true,
         ..Default::default()
     };
+    declare_exchanges_with(ch, t, durable).await
+}
+
+/// The three exchanges, declared with `opts` (durable, or passive: a lookup).
+async fn declare_exchanges_with(
+    ch: &Channel,
+    t: &Topology,
+    opts: ExchangeDeclareOptions,
+) -> anyhow::Result<()> {
+    let verb = if opts.passive {
+        "looking up"
+    } else {
+        "declaring"
+    };
     for (name, kind) in [
         (&t.exchange, ExchangeKind::Topic),
         (&t.retry_exchange, ExchangeKind::Headers),
         (&t.dlx, ExchangeKind::Fanout),
     ] {
-        ch.exchange_declare(name.as_str().into(), kind, durable, FieldTable::default())
+        ch.exchange_declare(name.as_str().into(), kind, opts, FieldTable::default())
             .await
-            .map_err(|e| anyhow::anyhow!("declaring exchange {name}: {e}"))?;
+            .map_err(|e| anyhow::anyhow!("{verb} exchange {name}: {e}"))?;
     }
     Ok(())
 }

@@ -225,7 +225,8 @@ impl Worker {
         {
             // The publisher's connection or channel is gone (the session ends and reconnects).
             // Rejected to the queue's DLX, the letter would carry no reason; returned to the
-            // queue, its copy would find the job's row dead and be acked without a letter.
+            // queue, it could come back on this session, meet the same dead publisher and
+            // spend the queue's delivery limit, which ends in that same reasonless letter.
             tracing::warn!(error = %e, "the publisher's connection was lost before the dead letter was confirmed; publishing it on a connection of its own");
             published = self.publish_alone(dlx, key, &delivery.data, props).await;
         }
