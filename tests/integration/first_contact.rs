@@ -279,6 +279,75 @@ async fn a_node_that_accepts_connections_but_never_answers_is_passed_over_for_th
     holding.abort();
 }
 
+// A node that answers only after another one won (a slow node, a handshake stuck behind a
+// frozen peer) completes a connection nobody holds: it must be closed, not left open on the
+// node for as long as the process lives.
+#[tokio::test]
+async fn a_node_that_answers_after_another_won_has_its_connection_closed() {
+    let slow = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = slow.local_addr().unwrap().port();
+    let broker = url::Url::parse(&amqp_url()).unwrap();
+    let broker = format!(
+        "{}:{}",
+        broker.host_str().unwrap(),
+        broker.port().unwrap_or(5672)
+    );
+    let (release, released) = tokio::sync::oneshot::channel::<()>();
+    // Holds the client until released, then passes the bytes both ways until mailroom's side
+    // ends (closed, or reset while the broker still talks); answers how many bytes each way.
+    let proxy = tokio::spawn(async move {
+        let (client, _) = slow.accept().await.unwrap();
+        released.await.unwrap();
+        let node = tokio::net::TcpStream::connect(&broker).await.unwrap();
+        let (client_in, client_out) = client.into_split();
+        let (node_in, node_out) = node.into_split();
+        let down = tokio::spawn(pipe(node_in, client_out));
+        let up = pipe(client_in, node_out).await;
+        (up, down.await.unwrap())
+    });
+    let late = altered(&amqp_url(), None, Some(port));
+    let urls: mailroom::config::UrlList = format!("{late},{}", amqp_url()).parse().unwrap();
+    let conn = tokio::time::timeout(
+        mailroom::broker::CONNECT_TIMEOUT,
+        mailroom::broker::connect(&urls, "first_contact late answer test"),
+    )
+    .await
+    .expect("the next node answers")
+    .expect("and connects");
+    assert!(conn.status().connected());
+    assert!(!proxy.is_finished(), "the slow node was still holding");
+
+    release.send(()).unwrap();
+    let (from_client, to_client) = tokio::time::timeout(PATIENCE, proxy)
+        .await
+        .expect("the late connection was closed by mailroom")
+        .unwrap();
+    // The handshake went through in full (Start, Tune, Open-Ok one way; the protocol header,
+    // Start-Ok, Tune-Ok, Open and Close the other), then mailroom closed it.
+    assert!(
+        to_client > 100 && from_client > 100,
+        "the late handshake completed: {to_client} bytes to mailroom, {from_client} from it"
+    );
+    assert!(conn.status().connected(), "the winner stays open");
+}
+
+/// Copies `from` to `to` until `from` ends or either fails; returns the bytes copied.
+async fn pipe(
+    mut from: tokio::net::tcp::OwnedReadHalf,
+    mut to: tokio::net::tcp::OwnedWriteHalf,
+) -> usize {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let (mut buf, mut copied) = ([0u8; 4096], 0);
+    while let Ok(n @ 1..) = from.read(&mut buf).await {
+        if to.write_all(&buf[..n]).await.is_err() {
+            break;
+        }
+        copied += n;
+    }
+    let _ = to.shutdown().await;
+    copied
+}
+
 /// The worker's arguments as parsed by the binary, against this test's world: `extra` pairs
 /// override the defaults, `flags` are added.
 fn worker_config(app: &TestApp, extra: &[&str], flags: &[&str]) -> Result<Cli, clap::Error> {

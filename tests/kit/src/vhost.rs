@@ -16,8 +16,7 @@ impl Vhost {
             "mailroom-test-{}",
             &uuid::Uuid::new_v4().simple().to_string()[..12]
         );
-        rabbitmqctl(&["add_vhost", &name]).await;
-        rabbitmqctl(&["set_permissions", "-p", &name, "guest", ".*", ".*", ".*"]).await;
+        make(&name).await;
         let mut url = url::Url::parse(&amqp_url()).unwrap();
         url.set_path(&format!("/{name}"));
         Vhost {
@@ -36,9 +35,23 @@ impl Vhost {
         .await;
     }
 
+    /// Wipes the virtual host as a broker reset would (`rabbitmqctl reset`, a node rebuilt
+    /// from an empty disk): every connection closed, every exchange and queue gone; then makes
+    /// it again, empty, with the same name and permissions.
+    pub async fn reset(&self) {
+        self.delete().await;
+        make(&self.name).await;
+    }
+
     pub async fn delete(&self) {
         rabbitmqctl(&["delete_vhost", &self.name]).await;
     }
+}
+
+/// Adds virtual host `name`, open to the test user.
+async fn make(name: &str) {
+    rabbitmqctl(&["add_vhost", name]).await;
+    rabbitmqctl(&["set_permissions", "-p", name, "guest", ".*", ".*", ".*"]).await;
 }
 
 /// How long one `rabbitmqctl` call may take (a node restart's `await_startup` included) before
