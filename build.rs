@@ -1,11 +1,13 @@
 //! Passes the git commit of this build to the code, as `MAILROOM_GIT_COMMIT`, for
 //! `mailroom_build_info`. An image built without `.git` passes it in the environment
-//! (`MAILROOM_GIT_COMMIT=…`); neither gives `unknown`.
+//! (`MAILROOM_GIT_COMMIT=…`); neither gives `unknown`. Also rebuilds the crate when a migration
+//! is added: `sqlx::migrate!` embeds `migrations/` but cannot ask Cargo to watch it.
 
 use std::process::Command;
 
 fn main() {
     println!("cargo:rerun-if-env-changed=MAILROOM_GIT_COMMIT");
+    println!("cargo:rerun-if-changed=migrations");
     let commit = std::env::var("MAILROOM_GIT_COMMIT")
         .ok()
         .filter(|c| !c.is_empty())

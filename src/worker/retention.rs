@@ -1,7 +1,8 @@
 //! The ledger's retention (`MAILROOM_LEDGER_RETENTION`): every worker deletes `sent` and `dead`
-//! rows of `sent_notifications` last updated longer ago than the retention, in batches of
-//! [`BATCH`], at start and then every [`EVERY`] (sooner for short retentions). Batches skip rows
-//! another worker is deleting, so N workers share the work instead of queueing on it.
+//! rows of `sent_notifications` created and last updated longer ago than the retention, in
+//! batches of [`BATCH`], at start and then every [`EVERY`] (sooner for short retentions). On
+//! PostgreSQL batches skip rows another worker is deleting, so N workers share the work instead
+//! of queueing on it.
 //!
 //! The retention is the **dedup horizon**: a copy of a job that arrives after its row is gone is
 //! claimed as a new job and sent again. So [`check`] refuses a retention shorter than the

@@ -27,6 +27,7 @@
 
 mod chart;
 mod latency;
+pub mod ledger_cost;
 mod mysql;
 mod procstat;
 mod raw;

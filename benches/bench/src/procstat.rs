@@ -160,6 +160,12 @@ fn pids_named(names: &[(&str, Role)]) -> Vec<(u32, Role)> {
         .collect()
 }
 
+/// The pids of the processes named one of `names` (their `comm`).
+pub fn pids_with_names(names: &[&str]) -> Vec<u32> {
+    let named: Vec<(&str, Role)> = names.iter().map(|n| (*n, Role::Bench)).collect();
+    pids_named(&named).into_iter().map(|(pid, _)| pid).collect()
+}
+
 impl Snapshot {
     pub fn take(roles: &Roles) -> Snapshot {
         let mut list = pids_named(&[("beam.smp", Role::Broker), ("postgres", Role::Postgres)]);

@@ -130,6 +130,21 @@ fn cpu_line(c: &CpuShare) -> String {
     )
 }
 
+/// CPU per email of each process over a run that sent `emails`, µs: what each part costs,
+/// beside [`cpu_line`]'s shares. The pipeline is mailroom + RabbitMQ + PostgreSQL (the SMTP
+/// server and the bench left out). `mailroom` names the mailroom processes of the run.
+fn cost_line(c: &CpuShare, emails: f64, mailroom: &str) -> String {
+    let us = |pct: f64| pct / 100.0 * c.seconds / emails.max(1.0) * 1e6;
+    format!(
+        "{mailroom} {:.0}, RabbitMQ {:.0}, PostgreSQL {:.0}, smtp-sink {:.0} µs/email; pipeline (mailroom + RabbitMQ + PostgreSQL) {:.0} µs/email",
+        us(c.worker),
+        us(c.broker),
+        us(c.postgres),
+        us(c.smtp_sink),
+        us(c.worker + c.broker + c.postgres)
+    )
+}
+
 fn ratio(a: f64, b: f64) -> String {
     if b > 0.0 && a.is_finite() {
         format!("{:.2}", a / b)
@@ -280,6 +295,11 @@ pub fn table(r: &Results) -> String {
             ratio(w.cpu.worker, w.cpu.machine_capacity)
         );
         let _ = writeln!(t, "| {name}: CPU by process | {} | | |", cpu_line(&w.cpu));
+        let _ = writeln!(
+            t,
+            "| {name}: CPU per email by process | {} | | |",
+            cost_line(&w.cpu, w.sent as f64, "worker")
+        );
     }
     let floor = path_floor_ms(r);
     for p in &r.paced_runs {
@@ -296,6 +316,12 @@ pub fn table(r: &Results) -> String {
             p.latency.triple(),
             ms(floor),
             lat_ratio(&p.latency, floor)
+        );
+        let _ = writeln!(
+            t,
+            "| worker path at {}: CPU per email by process | {} | | |",
+            p.label,
+            cost_line(&p.cpu, p.sent as f64, "worker")
         );
     }
     relay_rows(&mut t, r, &limit_text);
@@ -377,6 +403,11 @@ fn relay_rows(t: &mut String, r: &Results, limit_text: &str) {
         "| end to end at full speed: commit → accepted+recorded p50 / p95 / p99 (backlog: mostly queue position; producers committed {}/s) | {} | – | – |",
         thousands(max.commit_rate),
         max.latency.triple()
+    );
+    let _ = writeln!(
+        t,
+        "| end to end at full speed: CPU per email by process (producers' commits included in PostgreSQL's) | {} | | |",
+        cost_line(&max.cpu, max.sent as f64, "relay + worker")
     );
     let floor = path_floor_ms(r);
     for p in &rel.end_to_end_paced {
@@ -475,6 +506,12 @@ fn e2e_paced_row(t: &mut String, p: &EndToEnd, floor: f64) {
         p.latency.triple(),
         ms(floor),
         lat_ratio(&p.latency, floor)
+    );
+    let _ = writeln!(
+        t,
+        "| end to end at {}: CPU per email by process | {} | | |",
+        p.label,
+        cost_line(&p.cpu, p.sent as f64, "relay + worker")
     );
 }
 
