@@ -1,5 +1,6 @@
 //! The suppression list at the worker: before a job waits for an SMTP session, its recipients
-//! are looked up in `mailroom_suppressions` (one statement). Suppressed `cc` and `bcc`
+//! are looked up in `mailroom_suppressions` (one statement, shared with the deliveries looking
+//! up at the same time: [`super::screens`]). Suppressed `cc` and `bcc`
 //! addresses, and suppressed `to` addresses beside others, are left out of the email; a job
 //! whose every `to` address is suppressed is not sent: its row becomes `dead` with class
 //! `suppressed` (no dead letter: nothing failed), and `status` says `suppressed`. A one-recipient
@@ -39,7 +40,7 @@ impl Worker {
         let keys: Vec<String> = all
             .filter_map(|m| suppressions::key(m.email.as_ref()).ok())
             .collect();
-        let found = match self.db.suppressed_among(&keys).await {
+        let found = match self.screens.suppressed_among(keys).await {
             Ok(found) => found,
             Err(e) => {
                 let reason = format!("database unavailable for the suppression list: {e}");

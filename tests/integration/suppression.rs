@@ -266,3 +266,46 @@ async fn a_replay_honours_the_suppression_list() {
     worker.stop().await;
     assert!(app.smtp.received().is_empty());
 }
+
+/// Lookups asked together share statements, and each asker gets the entries of its own
+/// addresses, none of another's: 48 concurrent lookups, every third address suppressed, with a
+/// database pool of 2 connections so that lookups queue while statements run.
+#[tokio::test]
+async fn concurrent_lookups_share_statements_and_each_gets_only_its_own_entries() {
+    use mailroom::db::suppressions::{Reason, key};
+    use mailroom::worker::screens::Screens;
+
+    let app = TestApp::spawn().await;
+    let address = |i: usize| format!("screen-{i}@example.com");
+    for i in (0..48).step_by(3) {
+        app.db
+            .suppress(&key(&address(i)).unwrap(), Reason::Manual, None, "test")
+            .await
+            .unwrap();
+    }
+    let db = mailroom::db::Database::connect_lazy(&app.db_url.parse().unwrap(), 2).unwrap();
+    let screens = Screens::direct(db).batched();
+    let asks = (0..48).map(|i| {
+        let screens = screens.clone();
+        // Two addresses each: its own, and one nobody suppressed.
+        let keys = vec![
+            key(&address(i)).unwrap(),
+            key(&format!("other-{i}@example.com")).unwrap(),
+        ];
+        tokio::spawn(async move { (i, screens.suppressed_among(keys).await.unwrap()) })
+    });
+    for answer in futures_util::future::join_all(asks).await {
+        let (i, found) = answer.unwrap();
+        let found: Vec<String> = found.into_iter().map(|s| s.address).collect();
+        if i % 3 == 0 {
+            assert_eq!(found, vec![address(i)], "lookup {i}");
+        } else {
+            assert!(found.is_empty(), "lookup {i} got {found:?}");
+        }
+    }
+    let statements = screens.statements();
+    assert!(
+        statements < 48,
+        "48 concurrent lookups took {statements} statements"
+    );
+}
