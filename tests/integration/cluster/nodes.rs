@@ -23,18 +23,24 @@ pub async fn cluster_script(args: &[&str]) -> String {
 
 /// `rabbitmqctl -q -n rmqcN@localhost ARGS`: its stdout, or a panic with its stderr.
 pub async fn ctl(node: u8, args: &[&str]) -> String {
+    try_ctl(node, args)
+        .await
+        .unwrap_or_else(|e| panic!("rabbitmqctl on rmqc{node} {args:?}: {e}"))
+}
+
+/// [`ctl`], its stderr as the error: for a node that may be restarting.
+pub async fn try_ctl(node: u8, args: &[&str]) -> Result<String, String> {
     let out = Command::new("rabbitmqctl")
         .args(["-q", "-n", &format!("rmqc{node}@localhost")])
         .args(args)
         .output()
         .await
         .unwrap();
-    assert!(
-        out.status.success(),
-        "rabbitmqctl on rmqc{node} {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).to_string()
+    if out.status.success() {
+        Ok(String::from_utf8_lossy(&out.stdout).to_string())
+    } else {
+        Err(String::from_utf8_lossy(&out.stderr).to_string())
+    }
 }
 
 /// A quorum queue's leader, and how many of its members there are and how many are online.
@@ -48,6 +54,10 @@ pub struct Replicas {
 /// `list_queues name leader members online` on node `via`: queue → its replicas.
 pub async fn quorum_layout(via: u8) -> HashMap<String, Replicas> {
     let out = ctl(via, &["list_queues", "name", "leader", "members", "online"]).await;
+    parse_layout(&out)
+}
+
+fn parse_layout(out: &str) -> HashMap<String, Replicas> {
     out.lines()
         .filter_map(|line| {
             let cols: Vec<&str> = line.split('\t').collect();
@@ -72,14 +82,16 @@ pub fn app_queues(app: &TestApp) -> Vec<String> {
     queues
 }
 
-/// Waits (bounded) until every queue of the app has all three members online, read on `via`.
+/// Waits (bounded) until every queue of the app has all three members online, read on `via`
+/// (asked again while `via` refuses: a node the cluster's partition handling restarts).
 pub async fn await_replicas(app: &TestApp, via: u8) {
     let queues = app_queues(app);
+    let args = ["list_queues", "name", "leader", "members", "online"];
     eventually_within(
         Duration::from_secs(120),
         "every quorum queue with three members online",
         || async {
-            let layout = quorum_layout(via).await;
+            let layout = parse_layout(&try_ctl(via, &args).await.ok()?);
             queues
                 .iter()
                 .all(|q| layout.get(q).is_some_and(|r| r.online == 3))
@@ -87,6 +99,17 @@ pub async fn await_replicas(app: &TestApp, via: u8) {
         },
     )
     .await;
+}
+
+/// The nodes' Erlang `net_ticktime` (`MAILROOM_CLUSTER_NET_TICKTIME` of scripts/cluster), read
+/// on `node`.
+pub async fn net_ticktime(node: u8) -> Duration {
+    let out = ctl(node, &["eval", "net_kernel:get_net_ticktime()."]).await;
+    let seconds = out
+        .trim()
+        .parse()
+        .unwrap_or_else(|_| panic!("net_ticktime {out:?}"));
+    Duration::from_secs(seconds)
 }
 
 /// The node number of `rmqcN@localhost`.
