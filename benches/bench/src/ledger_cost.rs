@@ -42,7 +42,8 @@ pub struct Cost {
     pub server_us: f64,
     /// Log bytes per pair: WAL (PostgreSQL), binary log + redo log (MariaDB).
     pub log_bytes: f64,
-    /// Transactions committed per pair (the whole server's).
+    /// Transactions committed per pair: the database's on PostgreSQL, the whole server's on
+    /// MariaDB.
     pub commits: f64,
     /// Records that were HOT updates, in % (PostgreSQL).
     pub hot: Option<f64>,
