@@ -3,11 +3,15 @@
 //! one that is a statement per email, more than the grouped claims and records together. As the
 //! ledger groups its writes (`db/group.rs`), [`Screens`] answers whatever lookups are waiting
 //! with one statement: nothing waits for a batch to fill, the first lookup goes at once, and
-//! those that arrive while two statements are in flight go in the next. Each delivery gets the
-//! entries of its own addresses only; a failed statement is every member's error.
+//! those that arrive while two statements are in flight go in the next. A statement slower than
+//! [`SLOW`] (its pool waiting for a connection: the database down or refusing) gives its place
+//! to the next batch, so no lookup waits behind another's acquire timeout before its own. Each
+//! delivery gets the entries of its own addresses only; a failed statement is every member's
+//! error.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
 
 use tokio::sync::{Semaphore, mpsc, oneshot};
 
@@ -19,8 +23,11 @@ pub type LookupError = Arc<sqlx::Error>;
 
 /// Lookups in one statement at most: the addresses of this many deliveries.
 const MAX_BATCH: usize = 64;
-/// Statements in flight at once.
+/// Statements in flight at once, unless they are slow.
 const IN_FLIGHT: usize = 2;
+/// A statement running longer than this no longer holds back the next batch: a lookup takes a
+/// millisecond or two, and one that waits for a connection may wait the pool's acquire timeout.
+const SLOW: Duration = Duration::from_millis(50);
 
 /// Suppression lookups, batched once [`Screens::batched`] spawned the task that asks them.
 #[derive(Clone, Debug)]
@@ -91,8 +98,8 @@ impl Screens {
     }
 }
 
-/// Takes the waiting lookups, up to [`MAX_BATCH`], once a statement slot is free, and asks
-/// them in one statement on a task of its own.
+/// Takes the waiting lookups, up to [`MAX_BATCH`], once a statement slot is free (or the
+/// statement holding it has run [`SLOW`]), and asks them in one statement on a task of its own.
 async fn ask_batches(db: Database, mut rx: mpsc::Receiver<Ask>, statements: Arc<AtomicU64>) {
     let slots = Arc::new(Semaphore::new(IN_FLIGHT));
     while let Ok(slot) = slots.clone().acquire_owned().await {
@@ -107,8 +114,15 @@ async fn ask_batches(db: Database, mut rx: mpsc::Receiver<Ask>, statements: Arc<
         let db = db.clone();
         statements.fetch_add(1, Ordering::Relaxed);
         tokio::spawn(async move {
-            answer(&db, batch).await;
-            drop(slot);
+            let statement = answer(&db, batch);
+            tokio::pin!(statement);
+            tokio::select! {
+                () = &mut statement => {}
+                () = tokio::time::sleep(SLOW) => {
+                    drop(slot);
+                    statement.await;
+                }
+            }
         });
     }
 }
