@@ -23,7 +23,7 @@ use crate::latency::{Lat, Recorder};
 use crate::procstat::{CpuShare, Roles, Snapshot};
 use crate::workers::{Fleet, ms_between, patience, sent_rows, wait_for};
 use crate::workload::{self, Producer};
-use crate::world::{Services, SmtpSink, World, pg_clock_offset};
+use crate::world::{Services, SmtpSink, World, pg_clock_offset, wal_position};
 
 /// Producers committing outbox rows at once in the end-to-end runs (a web application's
 /// request handlers).
@@ -68,6 +68,8 @@ pub struct EndToEnd {
     pub latency: Lat,
     /// CPU during the run; `worker` = the mailroom processes (relay + worker).
     pub cpu: CpuShare,
+    /// PostgreSQL WAL written per email (the producers' commits included), bytes.
+    pub wal_bytes_per_email: f64,
 }
 
 /// Producers' commit rate into the outbox, which bounds the end-to-end rate, once per
@@ -247,12 +249,14 @@ async fn end_to_end_in(
         smtp_sink: sink.pid(),
     };
     let before = Snapshot::take(&roles);
+    let wal_before = wal_position(&mut pg).await?;
     let committed = match rate {
         None => workload::backlog(&producer("job"), n, PRODUCERS).await?,
         Some(rate) => workload::paced(Arc::new(producer("job")), n, rate).await?.0,
     };
     let sent = wait_for(&mut pg, "job", n, patience(n)).await?;
     let cpu = before.share_until(&Snapshot::take(&roles));
+    let wal = wal_position(&mut pg).await? - wal_before;
     let first_commit = committed.iter().min().copied().unwrap_or_default() + offset;
     let last_commit = committed.iter().max().copied().unwrap_or_default() + offset;
     let mut latency = Recorder::default();
@@ -274,5 +278,6 @@ async fn end_to_end_in(
         commit_rate: n as f64 / (ms_between(first_commit, last_commit) / 1000.0).max(1e-6),
         latency: latency.summary(true),
         cpu,
+        wal_bytes_per_email: wal as f64 / sent.max(1) as f64,
     })
 }

@@ -133,10 +133,13 @@ fn cpu_line(c: &CpuShare) -> String {
 /// CPU per email of each process over a run that sent `emails`, µs: what each part costs,
 /// beside [`cpu_line`]'s shares. The pipeline is mailroom + RabbitMQ + PostgreSQL (the SMTP
 /// server and the bench left out). `mailroom` names the mailroom processes of the run.
-fn cost_line(c: &CpuShare, emails: f64, mailroom: &str) -> String {
+fn cost_line(c: &CpuShare, emails: f64, mailroom: &str, wal: Option<f64>) -> String {
     let us = |pct: f64| pct / 100.0 * c.seconds / emails.max(1.0) * 1e6;
+    let wal = wal.map_or(String::new(), |b| {
+        format!("; PostgreSQL WAL {b:.0} B/email")
+    });
     format!(
-        "{mailroom} {:.0}, RabbitMQ {:.0}, PostgreSQL {:.0}, smtp-sink {:.0} µs/email; pipeline (mailroom + RabbitMQ + PostgreSQL) {:.0} µs/email",
+        "{mailroom} {:.0}, RabbitMQ {:.0}, PostgreSQL {:.0}, smtp-sink {:.0} µs/email; pipeline (mailroom + RabbitMQ + PostgreSQL) {:.0} µs/email{wal}",
         us(c.worker),
         us(c.broker),
         us(c.postgres),
@@ -298,7 +301,7 @@ pub fn table(r: &Results) -> String {
         let _ = writeln!(
             t,
             "| {name}: CPU per email by process | {} | | |",
-            cost_line(&w.cpu, w.sent as f64, "worker")
+            cost_line(&w.cpu, w.sent as f64, "worker", Some(w.wal_bytes_per_email))
         );
     }
     let floor = path_floor_ms(r);
@@ -321,7 +324,7 @@ pub fn table(r: &Results) -> String {
             t,
             "| worker path at {}: CPU per email by process | {} | | |",
             p.label,
-            cost_line(&p.cpu, p.sent as f64, "worker")
+            cost_line(&p.cpu, p.sent as f64, "worker", None)
         );
     }
     relay_rows(&mut t, r, &limit_text);
@@ -407,7 +410,12 @@ fn relay_rows(t: &mut String, r: &Results, limit_text: &str) {
     let _ = writeln!(
         t,
         "| end to end at full speed: CPU per email by process (producers' commits included in PostgreSQL's) | {} | | |",
-        cost_line(&max.cpu, max.sent as f64, "relay + worker")
+        cost_line(
+            &max.cpu,
+            max.sent as f64,
+            "relay + worker",
+            Some(max.wal_bytes_per_email)
+        )
     );
     let floor = path_floor_ms(r);
     for p in &rel.end_to_end_paced {
@@ -511,7 +519,12 @@ fn e2e_paced_row(t: &mut String, p: &EndToEnd, floor: f64) {
         t,
         "| end to end at {}: CPU per email by process | {} | | |",
         p.label,
-        cost_line(&p.cpu, p.sent as f64, "relay + worker")
+        cost_line(
+            &p.cpu,
+            p.sent as f64,
+            "relay + worker",
+            Some(p.wal_bytes_per_email)
+        )
     );
 }
 

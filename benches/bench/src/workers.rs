@@ -20,7 +20,7 @@ use crate::latency::{Lat, Recorder};
 use crate::procstat::{self, CpuShare, Roles, Snapshot};
 use crate::raw::{FROM, PUBLISH_WINDOW};
 use crate::workload::{self, BrokerProducer, Producer};
-use crate::world::{Services, SmtpSink, World, pg_clock_offset};
+use crate::world::{Services, SmtpSink, World, pg_clock_offset, wal_position};
 
 /// Worker-only: N jobs waiting in the queue, then `workers` processes drain it.
 #[derive(Clone, Debug, Serialize)]
@@ -48,6 +48,8 @@ pub struct BacklogRun {
     pub cpu: CpuShare,
     /// Worker CPU time per email, µs.
     pub worker_cpu_us_per_email: f64,
+    /// PostgreSQL WAL written per email, bytes.
+    pub wal_bytes_per_email: f64,
     /// Emails accepted per 1 s bucket, from process spawn.
     pub timeline: Vec<f64>,
     /// CPU shares per 1 s sample.
@@ -236,6 +238,7 @@ async fn backlog_in(
         smtp_sink: sink.pid(),
     };
     let first = Snapshot::take(&roles);
+    let wal_first = wal_position(&mut pg).await?;
     let mut last = first.clone();
     let mut cpu_timeline = vec![];
     let mut next_sample = spawned + Duration::from_secs(1);
@@ -268,6 +271,7 @@ async fn backlog_in(
     }
     let end = Snapshot::take(&roles);
     let cpu = first.share_until(&end);
+    let wal = wal_position(&mut pg).await? - wal_first;
     let rss_mib = fleet
         .pids
         .iter()
@@ -320,6 +324,7 @@ async fn backlog_in(
         claim_to_sent: claim_to_sent.summary(true),
         rss_mib,
         worker_cpu_us_per_email: cpu.worker_cpu_s / (sent.max(1) as f64) * 1e6,
+        wal_bytes_per_email: wal as f64 / sent.max(1) as f64,
         cpu,
         timeline,
         cpu_timeline,

@@ -169,6 +169,16 @@ impl World {
     }
 }
 
+/// PostgreSQL's WAL position in bytes: the difference of two readings is the WAL the server
+/// wrote in between (every database's: the bench's own are the only busy ones).
+pub async fn wal_position(pg: &mut PgConnection) -> anyhow::Result<i64> {
+    Ok(
+        sqlx::query_scalar("SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::bigint")
+            .fetch_one(pg)
+            .await?,
+    )
+}
+
 /// Offset of PostgreSQL's clock from this process's clock (`pg - local`), measured as the
 /// best of a few round trips. Both run on this host, so it is the read-out error only; it is
 /// applied anyway so that client-side publish times and DB-side `sent_at` share one clock.
