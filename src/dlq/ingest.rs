@@ -131,6 +131,10 @@ pub async fn drain(urls: &UrlList, topology: &Topology, db: &Database) -> anyhow
                 Stored::Again => done.duplicates += 1,
             }
         }
+        // The acks are frames on this channel: its Close-Ok comes after the broker handled
+        // them. Closing the connection at once could overtake the last ack, and the letter
+        // would go back to the queue (stored, but still counted there as dead).
+        let _ = ch.close(200, "ingested".into()).await;
         anyhow::Ok(done)
     }
     .await;
