@@ -16,14 +16,13 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use mailroom::db::group::Ledger;
-use mailroom::db::{Claim, ClaimRequest, Database, Engine, LedgerStatus, Record};
+use mailroom::db::{Database, Engine, LedgerStatus};
 use sqlx::Row;
 
 use crate::procstat;
 use crate::world::{Services, World};
 
 const KIND: &str = "receipt";
-const LEASE: Duration = Duration::from_secs(120);
 /// The worker's default `MAILROOM_LEDGER_GROUP` and `--concurrency`.
 const GROUP: usize = 64;
 const CLIENTS: usize = 32;
@@ -210,38 +209,7 @@ async fn run(ledger: &Ledger, first: usize, n: usize, rate: Option<f64>) -> anyh
 
 /// The worker's statements for one email: claim a new job, record it sent.
 async fn pair(ledger: &Ledger, i: usize) -> anyhow::Result<()> {
-    let job_id = format!("cost-{i}");
-    let message_id = mailroom::smtp::message_id(&job_id, KIND, "mailroom.bench");
-    let claim = ledger
-        .claim(&ClaimRequest {
-            job_id: &job_id,
-            kind: KIND,
-            message_id: &message_id,
-            token: uuid::Uuid::new_v4(),
-            lease: LEASE,
-            resend_uncertain: true,
-            replay: false,
-            recipient: Some("someone@example.com".to_string()),
-        })
-        .await?;
-    let Claim::Claimed { token, .. } = claim else {
-        anyhow::bail!("the claim of a fresh job was refused: {claim:?}");
-    };
-    let recorded = ledger
-        .record(
-            &Record {
-                job_id: &job_id,
-                kind: KIND,
-                token: Some(token),
-                status: LedgerStatus::Sent,
-                smtp_reply: Some("250 2.0.0 Ok: queued as 4XYZ"),
-                error: None,
-                class: None,
-            },
-            None,
-        )
-        .await?;
-    anyhow::ensure!(recorded, "the record of a held claim was refused");
+    crate::pair::claim_and_record(ledger, &format!("cost-{i}"), KIND).await?;
     Ok(())
 }
 

@@ -29,6 +29,7 @@ mod chart;
 mod latency;
 pub mod ledger_cost;
 mod mysql;
+pub mod pair;
 mod procstat;
 mod raw;
 mod relay;

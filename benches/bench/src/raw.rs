@@ -22,8 +22,8 @@ use futures_util::{StreamExt, TryStreamExt};
 use lapin::{Connection, options::*, types::FieldTable};
 use mailroom::broker;
 use mailroom::db::Database;
+use mailroom::db::LedgerStatus;
 use mailroom::db::group::Ledger;
-use mailroom::db::{Claim, ClaimRequest, LedgerStatus, Record};
 use mailroom::job::EmailJob;
 use mailroom::render::Templates;
 use mailroom::smtp::{Mailer, MailerSettings};
@@ -31,6 +31,7 @@ use serde::Serialize;
 use tokio::sync::mpsc;
 
 use crate::latency::{Lat, Recorder};
+use crate::pair;
 use crate::procstat::{CpuShare, Roles, Snapshot};
 use crate::workload::{self, KIND};
 use crate::world::{Services, SmtpSink, World};
@@ -42,7 +43,6 @@ pub const WORKER_SMTP_CONNECTIONS: u32 = 16;
 /// Unconfirmed publishes a pipelining producer keeps in flight.
 pub const PUBLISH_WINDOW: usize = 256;
 /// Lease used for claims (the worker's default).
-const LEASE: Duration = Duration::from_secs(120);
 pub const FROM: &str = "Mailroom Bench <noreply@mailroom.bench>";
 
 #[derive(Clone, Debug, Serialize)]
@@ -235,42 +235,9 @@ async fn claim_and_record(
     claim_lat: &mut Recorder,
     record_lat: &mut Recorder,
 ) -> anyhow::Result<()> {
-    let job_id = format!("rawdb-{i}");
-    let message_id = mailroom::smtp::message_id(&job_id, KIND, "mailroom.bench");
-    let t = Instant::now();
-    let claim = db
-        .claim(&ClaimRequest {
-            job_id: &job_id,
-            kind: KIND,
-            message_id: &message_id,
-            token: uuid::Uuid::new_v4(),
-            lease: LEASE,
-            resend_uncertain: true,
-            replay: false,
-            recipient: None,
-        })
-        .await?;
-    claim_lat.record_duration(t.elapsed());
-    let Claim::Claimed { token, .. } = claim else {
-        anyhow::bail!("raw claim of a fresh job was refused: {claim:?}");
-    };
-    let t = Instant::now();
-    let recorded = db
-        .record(
-            &Record {
-                job_id: &job_id,
-                kind: KIND,
-                token: Some(token),
-                status: LedgerStatus::Sent,
-                smtp_reply: Some("250 2.0.0 Ok: queued as 4XYZ"),
-                error: None,
-                class: None,
-            },
-            None,
-        )
-        .await?;
-    record_lat.record_duration(t.elapsed());
-    anyhow::ensure!(recorded, "raw record of a held claim was refused");
+    let (claimed, recorded) = pair::claim_and_record(db, &format!("rawdb-{i}"), KIND).await?;
+    claim_lat.record_duration(claimed);
+    record_lat.record_duration(recorded);
     Ok(())
 }
 

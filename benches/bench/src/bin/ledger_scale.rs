@@ -16,12 +16,13 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use hdrhistogram::Histogram;
-use mailroom::db::{Claim, ClaimRequest, Database, LedgerStatus, OnAcquire, Record};
+use mailroom::db::group::Ledger;
+use mailroom::db::{Claim, Database, OnAcquire};
 use mailroom::worker::retention::BATCH;
+use mailroom_bench::pair;
 use sqlx::Row;
 
 const KIND: &str = "receipt";
-const LEASE: Duration = Duration::from_secs(120);
 const RETENTION: Duration = Duration::from_secs(45 * 86_400);
 
 #[tokio::main(flavor = "current_thread")]
@@ -36,10 +37,12 @@ async fn main() -> anyhow::Result<()> {
     let db = Database::connect(&url, 2, OnAcquire::Ping).await?;
     sizes(&db).await?;
 
+    let ledger = Ledger::direct(db.clone(), Default::default());
     let (mut claim, mut record) = (hist(), hist());
     let log_before = log_bytes(&db).await?;
     for _ in 0..pairs {
-        let (c, r) = claim_and_record(&db, &uuid::Uuid::new_v4().to_string()).await?;
+        let job_id = uuid::Uuid::new_v4().to_string();
+        let (c, r) = pair::claim_and_record(&ledger, &job_id, KIND).await?;
         claim.record(micros(c))?;
         record.record(micros(r))?;
     }
@@ -54,7 +57,9 @@ async fn main() -> anyhow::Result<()> {
     let mut dup = hist();
     for (job_id, kind) in existing_sent(&db, pairs.min(2000)).await? {
         let t = Instant::now();
-        let answer = db.claim(&request(&job_id, &kind)).await?;
+        // The message id's length is what matters to the row; its exact form is the worker's.
+        let request = pair::claim_request(&job_id, &kind, "<bench.receipt@mailroom.example>");
+        let answer = db.claim(&request).await?;
         dup.record(micros(t.elapsed()))?;
         anyhow::ensure!(
             matches!(answer, Claim::Refused(_)),
@@ -86,43 +91,6 @@ async fn main() -> anyhow::Result<()> {
         rows as f64 / secs
     );
     Ok(())
-}
-
-fn request<'a>(job_id: &'a str, kind: &'a str) -> ClaimRequest<'a> {
-    // The message id's length is what matters to the row; its exact form is the worker's.
-    ClaimRequest {
-        job_id,
-        kind,
-        message_id: "<bench.receipt@mailroom.example>",
-        token: uuid::Uuid::new_v4(),
-        lease: LEASE,
-        resend_uncertain: true,
-        replay: false,
-        recipient: Some("someone@example.com".into()),
-    }
-}
-
-async fn claim_and_record(db: &Database, job_id: &str) -> anyhow::Result<(Duration, Duration)> {
-    let t = Instant::now();
-    let Claim::Claimed { token, .. } = db.claim(&request(job_id, KIND)).await? else {
-        anyhow::bail!("the claim of a new job was refused");
-    };
-    let claimed = t.elapsed();
-    let t = Instant::now();
-    let record = Record {
-        job_id,
-        kind: KIND,
-        token: Some(token),
-        status: LedgerStatus::Sent,
-        smtp_reply: Some("250 2.0.0 Ok: queued as 4XYZ"),
-        error: None,
-        class: None,
-    };
-    anyhow::ensure!(
-        db.record(&record).await?,
-        "the record of a held claim was refused"
-    );
-    Ok((claimed, t.elapsed()))
 }
 
 /// `n` sent rows spread over the table (not the hot, just-written ones).
