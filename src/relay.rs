@@ -24,7 +24,8 @@
 //!
 //! Batches are bounded by rows (`batch_size`) and by bytes (`batch_bytes`): a batch is cut
 //! where its bodies would pass the byte bound (one row always goes), and the next scan takes
-//! the rest at once.
+//! the rest at once. Two batches overlap: the next is claimed and written while the broker
+//! confirms the previous one and its marks commit ([`Relay::drain`]).
 //!
 //! Resource alarms: RabbitMQ blocks a publishing connection while it is low on memory or disk,
 //! and lapin then writes nothing on it. The confirm timeout covers writing the batch too, so a
@@ -38,7 +39,7 @@ use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 use std::time::Duration;
 
 use futures_util::future::join_all;
-use lapin::{Channel, Confirmation, options::BasicPublishOptions};
+use lapin::{Channel, Confirmation, PublisherConfirm, options::BasicPublishOptions};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
@@ -180,6 +181,17 @@ pub struct Relay {
     live: tokio::sync::watch::Sender<Option<lapin::ConnectionStatus>>,
 }
 
+/// A batch claimed and written to the channel: its transaction holds the rows' locks until
+/// [`Relay::settle`] marks the confirmed ones and commits.
+struct Written<'a> {
+    batch: OutboxBatch,
+    outgoing: Vec<batch::Outgoing<'a>>,
+    confirms: Vec<PublisherConfirm>,
+    /// Rows the claim returned (more than `outgoing` when the byte bound cut the batch).
+    claimed: usize,
+    cut: bool,
+}
+
 impl Relay {
     pub fn new(settings: RelaySettings, db: Database) -> Relay {
         Relay {
@@ -282,6 +294,13 @@ impl Relay {
     /// Relays batches until a scan comes back short (the outbox is drained); returns the rows
     /// claimed, or `None` on shutdown. A batch the broker blocked is rolled back and retried
     /// once it unblocks.
+    ///
+    /// Two batches overlap: the next one is claimed and written to the channel while the
+    /// broker confirms the previous one and its marks commit, so the database's work and the
+    /// broker's run side by side instead of taking turns. The next claim skips the previous
+    /// batch's rows, whose locks its open transaction still holds (`SKIP LOCKED`, as between
+    /// two relays). After a batch the byte bound cut, the next claim waits for its commit:
+    /// its unpublished tail is locked until then and would be skipped.
     async fn drain(
         &self,
         conn: &lapin::Connection,
@@ -289,10 +308,12 @@ impl Relay {
         shutdown: &CancellationToken,
     ) -> anyhow::Result<Option<usize>> {
         let mut claimed = 0;
+        let mut in_flight: Option<Written> = None;
         loop {
-            let (n, cut) = match self.relay_batch(channel).await {
-                Ok(done) => done,
+            let next = match self.next_batch(channel, in_flight.take()).await {
+                Ok(next) => next,
                 Err(e) if conn.status().blocked() => {
+                    // Both batches' transactions were dropped: rolled back, their rows free.
                     self.stats.blocked.fetch_add(1, Ordering::Relaxed);
                     tracing::warn!(
                         error = format!("{e:#}"),
@@ -305,11 +326,87 @@ impl Relay {
                 }
                 Err(e) => return Err(e),
             };
-            claimed += n;
-            if (n < self.settings.batch_size as usize && !cut) || shutdown.is_cancelled() {
+            let Some(written) = next else {
+                return Ok(Some(claimed));
+            };
+            claimed += written.claimed;
+            let short = written.claimed < self.settings.batch_size as usize && !written.cut;
+            if short || shutdown.is_cancelled() {
+                self.settle(written).await?;
                 return Ok(Some(claimed));
             }
+            in_flight = Some(written);
         }
+    }
+
+    /// Claims and writes the next batch while `previous` is confirmed and committed; `None`
+    /// when the scan found nothing.
+    async fn next_batch<'s>(
+        &'s self,
+        channel: &Channel,
+        previous: Option<Written<'s>>,
+    ) -> anyhow::Result<Option<Written<'s>>> {
+        match previous {
+            None => self.claim_and_write(channel).await,
+            Some(previous) if previous.cut => {
+                self.settle(previous).await?;
+                self.claim_and_write(channel).await
+            }
+            Some(previous) => {
+                let (next, ()) =
+                    tokio::try_join!(self.claim_and_write(channel), self.settle(previous))?;
+                Ok(next)
+            }
+        }
+    }
+
+    /// Claims one batch and writes its messages to the channel, in order; its confirms are
+    /// awaited by [`Relay::settle`].
+    async fn claim_and_write(&self, channel: &Channel) -> anyhow::Result<Option<Written<'_>>> {
+        self.stats.scans.fetch_add(1, Ordering::Relaxed);
+        let mut batch = self.db.claim_outbox_batch(self.settings.batch_size).await?;
+        if batch.rows.is_empty() {
+            batch.commit().await?;
+            return Ok(None);
+        }
+        let rows = std::mem::take(&mut batch.rows);
+        let claimed = rows.len();
+        let plan = batch::plan(rows, &self.settings.topology, self.settings.batch_bytes);
+        if plan.cut {
+            self.stats.cut.fetch_add(1, Ordering::Relaxed);
+        }
+        let confirms = self.write_all(channel, &plan.outgoing).await?;
+        Ok(Some(Written {
+            batch,
+            outgoing: plan.outgoing,
+            confirms,
+            claimed,
+            cut: plan.cut,
+        }))
+    }
+
+    /// Waits for a written batch's confirms, marks the rows the broker took, and commits.
+    async fn settle(&self, written: Written<'_>) -> anyhow::Result<()> {
+        let Written {
+            mut batch,
+            outgoing,
+            confirms,
+            ..
+        } = written;
+        let confirms = self.await_confirms(confirms).await?;
+        failpoint::hit("relay.after_confirm").await;
+        let mut published = Vec::with_capacity(outgoing.len());
+        for (out, confirm) in outgoing.iter().zip(confirms) {
+            if self.settle_row(&mut batch, out, confirm).await? {
+                published.push(out.row.id);
+            }
+        }
+        batch.mark_published(&published).await?;
+        batch.commit().await?;
+        self.stats
+            .published
+            .fetch_add(published.len() as u64, Ordering::Relaxed);
+        Ok(())
     }
 
     /// Waits for a wake-up, an in-process wake or a probe that finds work (true), or for
@@ -360,36 +457,6 @@ impl Relay {
         }
     }
 
-    /// Claims, publishes and marks one batch; returns how many rows it claimed and whether the
-    /// byte bound cut it (the rows after the cut are claimed again at once).
-    async fn relay_batch(&self, channel: &Channel) -> anyhow::Result<(usize, bool)> {
-        self.stats.scans.fetch_add(1, Ordering::Relaxed);
-        let mut batch = self.db.claim_outbox_batch(self.settings.batch_size).await?;
-        if batch.rows.is_empty() {
-            batch.commit().await?;
-            return Ok((0, false));
-        }
-        let rows = std::mem::take(&mut batch.rows);
-        let plan = batch::plan(&rows, &self.settings.topology, self.settings.batch_bytes);
-        if plan.cut {
-            self.stats.cut.fetch_add(1, Ordering::Relaxed);
-        }
-        let confirms = self.publish_all(channel, &plan.outgoing).await?;
-        failpoint::hit("relay.after_confirm").await;
-        let mut published = Vec::with_capacity(rows.len());
-        for (out, confirm) in plan.outgoing.iter().zip(confirms) {
-            if self.settle_row(&mut batch, out, confirm).await? {
-                published.push(out.row.id);
-            }
-        }
-        batch.mark_published(&published).await?;
-        batch.commit().await?;
-        self.stats
-            .published
-            .fetch_add(published.len() as u64, Ordering::Relaxed);
-        Ok((rows.len(), plan.cut))
-    }
-
     /// Acts on one row's confirm inside the batch's transaction; true when the row is published
     /// (a job, or the dead letter of a row refused at the door).
     async fn settle_row(
@@ -398,7 +465,7 @@ impl Relay {
         out: &batch::Outgoing<'_>,
         confirm: Confirmation,
     ) -> anyhow::Result<bool> {
-        let row = out.row;
+        let row = &out.row;
         match confirm {
             Confirmation::Ack(None) => {
                 if let Some(reason) = &out.refused {
@@ -438,21 +505,20 @@ impl Relay {
         Ok(())
     }
 
-    /// Publishes every message, pipelined, and waits for all confirms, within one timeout. A
-    /// channel error or a timeout fails the whole batch: nothing is marked, everything is
-    /// retried.
-    async fn publish_all(
+    /// Writes every message to the channel, in order, within one confirm timeout: lapin
+    /// resolves `basic_publish` once the message is written, which never happens on a
+    /// connection the broker blocks. A channel error or a timeout fails the whole batch:
+    /// nothing is marked, everything is retried.
+    async fn write_all(
         &self,
         channel: &Channel,
         outgoing: &[batch::Outgoing<'_>],
-    ) -> anyhow::Result<Vec<Confirmation>> {
+    ) -> anyhow::Result<Vec<PublisherConfirm>> {
         let options = BasicPublishOptions {
             mandatory: true,
             ..Default::default()
         };
-        // lapin resolves `basic_publish` once the message is written, which never happens on a
-        // connection the broker blocks: the timeout covers the writes as well as the confirms.
-        let publish = async {
+        let write = async {
             let mut pending = Vec::with_capacity(outgoing.len());
             for out in outgoing {
                 let confirm = channel
@@ -466,17 +532,24 @@ impl Relay {
                     .await?;
                 pending.push(confirm);
             }
-            Ok::<_, lapin::Error>(join_all(pending).await)
+            Ok::<_, lapin::Error>(pending)
         };
-        let confirms = tokio::time::timeout(broker::CONFIRM_TIMEOUT, publish)
+        let timeout = broker::CONFIRM_TIMEOUT;
+        Ok(tokio::time::timeout(timeout, write).await.map_err(|_| {
+            anyhow::anyhow!("{} messages not written within {timeout:?}", outgoing.len())
+        })??)
+    }
+
+    /// Waits for every confirm of a written batch, within one confirm timeout.
+    async fn await_confirms(
+        &self,
+        pending: Vec<PublisherConfirm>,
+    ) -> anyhow::Result<Vec<Confirmation>> {
+        let n = pending.len();
+        let timeout = broker::CONFIRM_TIMEOUT;
+        let confirms = tokio::time::timeout(timeout, join_all(pending))
             .await
-            .map_err(|_| {
-                anyhow::anyhow!(
-                    "{} messages not written and confirmed within {:?}",
-                    outgoing.len(),
-                    broker::CONFIRM_TIMEOUT
-                )
-            })??;
+            .map_err(|_| anyhow::anyhow!("{n} messages not confirmed within {timeout:?}"))?;
         Ok(confirms.into_iter().collect::<Result<Vec<_>, _>>()?)
     }
 

@@ -12,7 +12,7 @@ use crate::door;
 
 /// One message to publish for one row.
 pub(super) struct Outgoing<'a> {
-    pub row: &'a PendingRow,
+    pub row: PendingRow,
     pub exchange: &'a str,
     pub body: Vec<u8>,
     pub properties: BasicProperties,
@@ -27,12 +27,8 @@ pub(super) struct Plan<'a> {
 }
 
 /// Checks every row and keeps the longest prefix within `max_bytes` (at least one row).
-pub(super) fn plan<'a>(
-    rows: &'a [PendingRow],
-    topology: &'a Topology,
-    max_bytes: usize,
-) -> Plan<'a> {
-    let mut outgoing: Vec<Outgoing> = rows.iter().map(|row| check(row, topology)).collect();
+pub(super) fn plan(rows: Vec<PendingRow>, topology: &Topology, max_bytes: usize) -> Plan<'_> {
+    let mut outgoing: Vec<Outgoing> = rows.into_iter().map(|row| check(row, topology)).collect();
     let sizes: Vec<usize> = outgoing.iter().map(|o| o.body.len()).collect();
     let keep = within_bytes(&sizes, max_bytes);
     let cut = keep < outgoing.len();
@@ -53,7 +49,7 @@ pub(super) fn within_bytes(sizes: &[usize], max: usize) -> usize {
     sizes.len()
 }
 
-fn check<'a>(row: &'a PendingRow, topology: &'a Topology) -> Outgoing<'a> {
+fn check(row: PendingRow, topology: &Topology) -> Outgoing<'_> {
     let verdict = door::admit_stored(&row.payload, None).and_then(|admitted| {
         let job = admitted.job();
         if job.job_id != row.job_id || job.kind != row.kind {
@@ -67,19 +63,19 @@ fn check<'a>(row: &'a PendingRow, topology: &'a Topology) -> Outgoing<'a> {
     });
     match verdict {
         Ok(body) => Outgoing {
+            properties: broker::job_properties(&row.job_id, &row.kind, 1),
             row,
             exchange: &topology.exchange,
             body,
-            properties: broker::job_properties(&row.job_id, &row.kind, 1),
             refused: None,
         },
         Err(e) => {
             let reason = format!("refused by the relay: {e}");
             Outgoing {
+                body: row.payload.clone().into_bytes(),
+                properties: dead_letter_properties(&row, &reason),
                 row,
                 exchange: &topology.dlx,
-                body: row.payload.clone().into_bytes(),
-                properties: dead_letter_properties(row, &reason),
                 refused: Some(reason),
             }
         }
@@ -127,8 +123,7 @@ mod tests {
         let good = row(r#"{"kind": "welcome", "job_id": "j-1", "to": ["ada@example.com"]}"#);
         let bad = row(r#"{"job_id": "j-1", "kind": "welcome", "to": ["not an address"]}"#);
         let other = row(r#"{"job_id": "j-2", "kind": "welcome", "to": ["ada@example.com"]}"#);
-        let rows = [good, bad, other];
-        let plan = plan(&rows, &topology, usize::MAX);
+        let plan = plan(vec![good, bad, other], &topology, usize::MAX);
         assert_eq!(plan.outgoing[0].exchange, topology.exchange);
         assert!(
             plan.outgoing[0]

@@ -259,6 +259,69 @@ async fn relay_killed_between_confirm_and_mark_publishes_again_and_sends_once() 
     assert_eq!(app.smtp.count(&app.message_id("relay-crash", "welcome")), 1);
 }
 
+/// The relay claims and writes the next batch while the broker confirms the previous one and
+/// its marks commit. Held after its first batch's confirms (before the mark), the relay has
+/// written a second batch of other rows, and holds the locks of both and of nothing else.
+#[tokio::test]
+async fn the_next_batch_is_claimed_and_written_while_the_previous_one_is_settled() {
+    let app = TestApp::spawn().await;
+    let (batch, total) = (100, 300);
+    let mut tx = app.begin().await;
+    for i in 0..total {
+        tx.enqueue(&app.email_job(&format!("overlap-{i:03}")))
+            .await
+            .unwrap();
+    }
+    tx.commit().await;
+    let mut held = app.spawn_relay_process(
+        &["--relay-batch", &batch.to_string()],
+        &[("MAILROOM_FAILPOINTS", "relay.after_confirm=pause")],
+    );
+    eventually(
+        "two batches written while the first is held before its mark",
+        || async { (app.ready_messages().await >= 2 * batch).then_some(()) },
+    )
+    .await;
+    assert_eq!(app.unpublished().await, total as i64, "no mark committed");
+    let all: Vec<i64> = app.unlocked_unpublished_ids().await;
+    assert_eq!(
+        all.len(),
+        (total - 2 * batch) as usize,
+        "the held relay locks exactly its two batches"
+    );
+
+    // The two batches are the first 200 rows, each once: the second claim skipped the first's.
+    let conn = lapin::Connection::connect(&app.amqp_url, Default::default())
+        .await
+        .unwrap();
+    let ch = conn.create_channel().await.unwrap();
+    let mut ids = Vec::new();
+    while let Some(got) = ch
+        .basic_get(
+            app.topology.queue.as_str().into(),
+            lapin::options::BasicGetOptions { no_ack: true },
+        )
+        .await
+        .unwrap()
+    {
+        let job: serde_json::Value = serde_json::from_slice(&got.delivery.data).unwrap();
+        ids.push(job["job_id"].as_str().unwrap().to_string());
+    }
+    let _ = conn.close(200, "taken".into()).await;
+    let expected: Vec<String> = (0..2 * batch).map(|i| format!("overlap-{i:03}")).collect();
+    assert_eq!(ids, expected, "the first 200 rows, in order, each once");
+
+    // Killed while held: nothing was marked, so a relay publishes all 300 and each is sent once.
+    held.kill().await.unwrap();
+    let worker = app.start_worker(&[]);
+    let relay = app.start_relay(&[]);
+    worker.stats.wait_until(|s| s.sent == total as u64).await;
+    relay.stop().await;
+    worker.stop().await;
+    assert_eq!(app.unpublished().await, 0);
+    assert_eq!(app.smtp.received().len(), total as usize);
+}
+
 #[tokio::test]
 async fn unroutable_rows_stay_unpublished_with_a_reason_until_the_queue_is_back() {
     let app = TestApp::spawn().await;

@@ -232,6 +232,27 @@ impl TestApp {
             .await
     }
 
+    /// The ids of unpublished outbox rows no transaction holds locked, in id order: what a
+    /// relay's `SKIP LOCKED` claim could take right now.
+    pub async fn unlocked_unpublished_ids(&self) -> Vec<i64> {
+        const SQL: &str = "SELECT id FROM mailroom_outbox WHERE published_at IS NULL \
+                           ORDER BY id FOR UPDATE SKIP LOCKED";
+        match &self.db {
+            Database::Postgres(pool) => {
+                let mut tx = pool.begin().await.unwrap();
+                let ids = sqlx::query_scalar(SQL).fetch_all(&mut *tx).await.unwrap();
+                tx.rollback().await.unwrap();
+                ids
+            }
+            Database::MySql(pool) => {
+                let mut tx = pool.begin().await.unwrap();
+                let ids = sqlx::query_scalar(SQL).fetch_all(&mut *tx).await.unwrap();
+                tx.rollback().await.unwrap();
+                ids
+            }
+        }
+    }
+
     /// Takes `n` dead letters, oldest first: what the dead-letter queue received, through the
     /// table (the queue is ingested meanwhile, as a worker process does), each row deleted as
     /// it is taken so the next call takes the next ones.
