@@ -20,7 +20,7 @@ use mailroom::db::{Database, Engine, LedgerStatus};
 use sqlx::Row;
 
 use crate::procstat;
-use crate::world::{Services, World};
+use crate::world::{Services, World, log_position};
 
 const KIND: &str = "receipt";
 /// The worker's default `MAILROOM_LEDGER_GROUP` and `--concurrency`.
@@ -238,8 +238,7 @@ impl Counters {
         match db {
             Database::Postgres(pool) => {
                 let row = sqlx::query(
-                    "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::bigint AS wal,
-                            (SELECT xact_commit FROM pg_stat_database
+                    "SELECT (SELECT xact_commit FROM pg_stat_database
                               WHERE datname = current_database()) AS commits,
                             n_tup_upd, n_tup_hot_upd
                      FROM pg_stat_user_tables WHERE relname = 'sent_notifications'",
@@ -247,29 +246,22 @@ impl Counters {
                 .fetch_one(pool)
                 .await?;
                 Ok(Counters {
-                    log_bytes: row.try_get("wal")?,
+                    log_bytes: log_position(db).await?,
                     commits: row.try_get("commits")?,
                     updates: row.try_get("n_tup_upd")?,
                     hot_updates: row.try_get("n_tup_hot_upd")?,
                 })
             }
             Database::MySql(pool) => {
-                let rows: Vec<(String, String)> = sqlx::query_as(
+                let commits: (String, String) = sqlx::query_as(
                     "SELECT variable_name, variable_value FROM information_schema.global_status
-                     WHERE variable_name IN ('BINLOG_BYTES_WRITTEN', 'INNODB_LSN_CURRENT',
-                                             'COM_COMMIT')",
+                     WHERE variable_name = 'COM_COMMIT'",
                 )
-                .fetch_all(pool)
+                .fetch_one(pool)
                 .await?;
-                let get = |name: &str| -> i64 {
-                    rows.iter()
-                        .find(|(n, _)| n.eq_ignore_ascii_case(name))
-                        .and_then(|(_, v)| v.parse().ok())
-                        .unwrap_or(0)
-                };
                 Ok(Counters {
-                    log_bytes: get("BINLOG_BYTES_WRITTEN") + get("INNODB_LSN_CURRENT"),
-                    commits: get("COM_COMMIT"),
+                    log_bytes: log_position(db).await?,
+                    commits: commits.1.parse()?,
                     updates: 0,
                     hot_updates: 0,
                 })

@@ -67,6 +67,9 @@ pub struct Opts {
     pub paced_secs: f64,
     /// Single outbox rows committed to an idle relay, per engine.
     pub wake_rows: usize,
+    /// Single outbox rows committed at [`relay_alone::TRICKLE_RATE`] through relay and worker,
+    /// per engine.
+    pub trickle_rows: usize,
     pub out: PathBuf,
 }
 
@@ -87,6 +90,7 @@ impl Opts {
             target_rate: 500.0,
             paced_secs: if quick { 2.0 } else { 5.0 },
             wake_rows: if quick { 4 } else { 20 },
+            trickle_rows: if quick { 50 } else { 300 },
             out: PathBuf::from("target/bench"),
         };
         let mut it = args.iter();
@@ -271,22 +275,37 @@ async fn run(opts: Opts) -> anyhow::Result<()> {
         ));
     }
     step(&format!(
-        "relay alone on PostgreSQL, then MariaDB/MySQL: {} outbox rows committed at once; then {} s idle and {} single rows, both engines side by side",
+        "relay alone on PostgreSQL, then MariaDB/MySQL: {} outbox rows committed at once; then {} s idle and {} single rows, then {} rows at {}/s through relay and worker, both engines side by side",
         opts.n,
         relay_alone::IDLE_WINDOW.as_secs(),
-        opts.wake_rows
+        opts.wake_rows,
+        opts.trickle_rows,
+        relay_alone::TRICKLE_RATE
     ));
-    let alone = relay_alone::both_engines(&services, opts.n, opts.wake_rows, &logs).await?;
+    let alone = relay_alone::both_engines(
+        &services,
+        &sink,
+        opts.n,
+        opts.wake_rows,
+        opts.trickle_rows,
+        &logs,
+    )
+    .await?;
     for a in &alone {
         step(&format!(
-            "  {}: {:.0} rows/s first → last published ({:.0} from the commit); idle: {:.2} {}/s; commit → published p50 {:.1} ms, max {:.1} ms",
+            "  {}: {:.0} rows/s first → last published ({:.0} from the commit); idle: {:.2} {}/s; commit → published p50 {:.1} ms, max {:.1} ms; at {}/s commit → accepted p50 {:.1} ms, p99 {:.1} ms ({} of {} sent)",
             a.engine,
             a.relay_only.busy_rows_per_s,
             a.relay_only.rows_per_s,
             a.relay_idle.per_s,
             a.relay_idle.unit,
             a.wake.latency.p50,
-            a.wake.latency.max
+            a.wake.latency.max,
+            a.trickle.rate,
+            a.trickle.latency.p50,
+            a.trickle.latency.p99,
+            a.trickle.sent,
+            a.trickle.rows
         ));
     }
     step(&format!(

@@ -32,7 +32,7 @@ use crate::latency::{Lat, Recorder};
 use crate::mysql::{self, Commands, CountingProxy};
 use crate::workers::{Fleet, patience};
 use crate::workload::{self, KIND};
-use crate::world::{Services, World};
+use crate::world::{Services, SmtpSink, World, log_position};
 
 /// How long the idle relay is watched.
 pub const IDLE_WINDOW: Duration = Duration::from_secs(10);
@@ -48,6 +48,8 @@ const MYSQL_IDLE_SETTLE: Duration = Duration::from_secs(3);
 const WAKE_GAP: Duration = Duration::from_millis(2500);
 /// Longest wait for one wake-up row to be published.
 const WAKE_PATIENCE: Duration = Duration::from_secs(15);
+/// Commits per second of the trickle.
+pub const TRICKLE_RATE: f64 = 10.0;
 
 #[derive(Clone, Debug, Serialize)]
 pub struct RelayOnly {
@@ -88,6 +90,22 @@ pub struct WakeLatency {
     pub latency: Lat,
 }
 
+/// Commit → accepted of single rows committed at a steady low rate, through the same relay and
+/// one worker: the path a web application's emails take when it is not busy.
+#[derive(Clone, Debug, Serialize)]
+pub struct Trickle {
+    /// Commits per second offered.
+    pub rate: f64,
+    pub rows: usize,
+    pub sent: usize,
+    /// The ledger's `sent_at` (recorded once the SMTP server accepted) minus the outbox row's
+    /// `created_at`, both the database's clock, ms.
+    pub latency: Lat,
+    /// What the server logged per email over the trickle (PostgreSQL's WAL; MariaDB's binary
+    /// log + redo log): the producer's commit, the relay's mark, the worker's claim and record.
+    pub log_bytes_per_email: f64,
+}
+
 /// Everything measured on one engine.
 #[derive(Clone, Debug, Serialize)]
 pub struct RelayAlone {
@@ -96,19 +114,23 @@ pub struct RelayAlone {
     pub relay_only: RelayOnly,
     pub relay_idle: RelayIdle,
     pub wake: WakeLatency,
+    pub trickle: Trickle,
     /// What woke the relay (`binlog`, `notify` or `poll`), from its `/metrics`.
     pub wakeup: String,
 }
 
-/// Both engines: relay only one after the other, then idle and wake-ups side by side.
+/// Both engines: relay only one after the other, then idle and wake-ups side by side, then
+/// the trickle (a worker joins each relay) side by side.
 pub async fn both_engines(
     services: &Services,
+    sink: &SmtpSink,
     n: usize,
     wake_rows: usize,
+    trickle_rows: usize,
     logs: &Path,
 ) -> anyhow::Result<Vec<RelayAlone>> {
-    let pg = Rig::start(services, Engine::Postgres, logs).await?;
-    let my = match Rig::start(services, Engine::MySql, logs).await {
+    let mut pg = Rig::start(services, Engine::Postgres, logs).await?;
+    let mut my = match Rig::start(services, Engine::MySql, logs).await {
         Ok(my) => my,
         Err(e) => {
             pg.stop().await;
@@ -124,9 +146,15 @@ pub async fn both_engines(
         );
         let ((pg_idle, pg_wake), (my_idle, my_wake)) = (pg_rest?, my_rest?);
         let (pg_mode, my_mode) = (pg.wakeup_mode().await, my.wakeup_mode().await);
+        pg.add_worker(sink, logs)?;
+        my.add_worker(sink, logs)?;
+        let (pg_trickle, my_trickle) = tokio::join!(
+            pg.trickle(TRICKLE_RATE, trickle_rows),
+            my.trickle(TRICKLE_RATE, trickle_rows)
+        );
         anyhow::Ok(vec![
-            pg.figures(pg_only, pg_idle, pg_wake, pg_mode),
-            my.figures(my_only, my_idle, my_wake, my_mode),
+            pg.figures(pg_only, pg_idle, pg_wake, pg_trickle?, pg_mode),
+            my.figures(my_only, my_idle, my_wake, my_trickle?, my_mode),
         ])
     }
     .await;
@@ -210,6 +238,7 @@ impl Rig {
         relay_only: RelayOnly,
         relay_idle: RelayIdle,
         wake: WakeLatency,
+        trickle: Trickle,
         wakeup: String,
     ) -> RelayAlone {
         RelayAlone {
@@ -217,8 +246,61 @@ impl Rig {
             relay_only,
             relay_idle,
             wake,
+            trickle,
             wakeup,
         }
+    }
+
+    /// One worker process on this world, into `sink`, connected to the database directly (not
+    /// through the MySQL relay's counting proxy).
+    fn add_worker(&mut self, sink: &SmtpSink, logs: &Path) -> anyhow::Result<()> {
+        self.world.process_db_url = self.world.db_url.clone();
+        self.fleet.add(&self.world, "worker", 1, Some(sink), logs)
+    }
+
+    /// A warm-up job through relay and worker, then `rows` single rows committed `rate` a
+    /// second, each in its own transaction; commit → accepted from the database's own clock.
+    async fn trickle(&self, rate: f64, rows: usize) -> anyhow::Result<Trickle> {
+        let url = self
+            .world
+            .db_url
+            .parse::<SecretUrl>()
+            .map_err(anyhow::Error::msg)?;
+        let db = Database::connect_lazy(&url, 2)?;
+        let measured = async {
+            db.enqueue(&workload::email_job("tricklewarm", 0, Utc::now()))
+                .await?;
+            let warm = wait_sent(&db, "tricklewarm", 1, patience(1)).await?;
+            anyhow::ensure!(
+                warm == 1,
+                "the {} trickle's warm-up job was not sent",
+                self.engine
+            );
+            let mut tick = tokio::time::interval(Duration::from_secs_f64(1.0 / rate));
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            let log_before = log_position(&db).await?;
+            for i in 0..rows {
+                tick.tick().await;
+                db.enqueue(&workload::email_job("trickle", i, Utc::now()))
+                    .await?;
+            }
+            let sent = wait_sent(&db, "trickle", rows, patience(rows)).await?;
+            let logged = log_position(&db).await? - log_before;
+            let mut latency = Recorder::default();
+            for ms in commit_to_sent_ms(&db, "trickle").await? {
+                latency.record_ms(ms);
+            }
+            anyhow::Ok(Trickle {
+                rate,
+                rows,
+                sent,
+                latency: latency.summary(false),
+                log_bytes_per_email: logged as f64 / sent.max(1) as f64,
+            })
+        }
+        .await;
+        db.close().await;
+        measured
     }
 
     /// The wake-up mode the relay reports in `/metrics`
@@ -388,7 +470,71 @@ async fn wait_published(db: &Database, patience: Duration) -> anyhow::Result<boo
     }
 }
 
-/// N outbox rows in one transaction, as a bulk import would commit them.
+/// Waits until `want` jobs whose ids start with `prefix-` are recorded sent (or `patience` ran
+/// out); returns how many are.
+async fn wait_sent(
+    db: &Database,
+    prefix: &str,
+    want: usize,
+    patience: Duration,
+) -> anyhow::Result<usize> {
+    const SQL: &str =
+        "SELECT count(*) FROM sent_notifications WHERE status = 'sent' AND job_id LIKE ";
+    let pattern = prefix_pattern(prefix);
+    let deadline = Instant::now() + patience;
+    loop {
+        let sent: i64 = match db {
+            Database::Postgres(pool) => {
+                sqlx::query_scalar(sqlx::AssertSqlSafe(format!("{SQL}$1")))
+                    .bind(&pattern)
+                    .fetch_one(pool)
+                    .await?
+            }
+            Database::MySql(pool) => {
+                sqlx::query_scalar(sqlx::AssertSqlSafe(format!("{SQL}?")))
+                    .bind(&pattern)
+                    .fetch_one(pool)
+                    .await?
+            }
+        };
+        let sent = usize::try_from(sent)?;
+        if sent >= want || Instant::now() >= deadline {
+            return Ok(sent);
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Commit → accepted+recorded of every sent job whose id starts with `prefix-`: the ledger's
+/// `sent_at` minus the outbox row's `created_at`, in ms, both from the database's clock.
+async fn commit_to_sent_ms(db: &Database, prefix: &str) -> anyhow::Result<Vec<f64>> {
+    const JOIN: &str = "FROM mailroom_outbox o JOIN sent_notifications s
+         ON s.job_id = o.job_id AND s.kind = o.kind
+         WHERE s.status = 'sent' AND o.job_id LIKE ";
+    let pattern = prefix_pattern(prefix);
+    Ok(match db {
+        Database::Postgres(pool) => {
+            let sql = format!(
+                "SELECT (EXTRACT(EPOCH FROM (s.sent_at - o.created_at)) * 1000)::float8 {JOIN}$1"
+            );
+            sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
+                .bind(pattern)
+                .fetch_all(pool)
+                .await?
+        }
+        Database::MySql(pool) => {
+            let sql = format!(
+                "SELECT CAST(TIMESTAMPDIFF(MICROSECOND, o.created_at, s.sent_at) / 1000 AS DOUBLE) {JOIN}?"
+            );
+            sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
+                .bind(pattern)
+                .fetch_all(pool)
+                .await?
+        }
+    })
+}
+
+/// The `LIKE` pattern of the job ids [`workload::job`] makes with `prefix`.
 fn prefix_pattern(prefix: &str) -> String {
     format!("{prefix}-%")
 }
@@ -418,6 +564,7 @@ async fn publish_span(db: &Database, pattern: String) -> anyhow::Result<f64> {
     Ok((last - first).as_seconds_f64())
 }
 
+/// N outbox rows in one transaction, as a bulk import would commit them.
 async fn enqueue_in_one_transaction(db: &Database, prefix: &str, n: usize) -> anyhow::Result<()> {
     let jobs = (0..n).map(|i| workload::email_job(prefix, i, Utc::now()));
     match db {

@@ -179,6 +179,28 @@ pub async fn wal_position(pg: &mut PgConnection) -> anyhow::Result<i64> {
     )
 }
 
+/// The server's log position in bytes, on either engine: PostgreSQL's WAL; on MySQL/MariaDB
+/// the binary log's bytes written plus InnoDB's redo log sequence number. The difference of
+/// two readings is what the whole server logged in between.
+pub async fn log_position(db: &Database) -> anyhow::Result<i64> {
+    match db {
+        Database::Postgres(pool) => Ok(sqlx::query_scalar(
+            "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::bigint",
+        )
+        .fetch_one(pool)
+        .await?),
+        Database::MySql(pool) => {
+            let rows: Vec<(String, String)> = sqlx::query_as(
+                "SELECT variable_name, variable_value FROM information_schema.global_status
+                 WHERE variable_name IN ('BINLOG_BYTES_WRITTEN', 'INNODB_LSN_CURRENT')",
+            )
+            .fetch_all(pool)
+            .await?;
+            Ok(rows.iter().filter_map(|(_, v)| v.parse::<i64>().ok()).sum())
+        }
+    }
+}
+
 /// Offset of PostgreSQL's clock from this process's clock (`pg - local`), measured as the
 /// best of a few round trips. Both run on this host, so it is the read-out error only; it is
 /// applied anyway so that client-side publish times and DB-side `sent_at` share one clock.
