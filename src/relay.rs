@@ -54,6 +54,7 @@ mod binlog;
 pub mod follower;
 mod wakeup;
 pub mod wal;
+mod wal_tls;
 
 use wakeup::Wakeup;
 pub use wakeup::{WakeupChoice, WakeupMode, Woken};

@@ -15,10 +15,12 @@
 //! replication slot and WAL sender (`max_replication_slots`, `max_wal_senders`), a user with
 //! the `REPLICATION` attribute (on Amazon RDS: a member of `rds_replication`) that
 //! `pg_hba.conf` lets in for replication, and the publication
-//! (the migrations create it). The stream is not encrypted (this build has no TLS for it): a
-//! URL that asks for TLS (`sslmode=require` or stricter) is not followed. Without any of these
-//! the relay falls back to NOTIFY, then to polling ([`super::wakeup`]).
+//! (the migrations create it). The stream is protected as the URL's `sslmode` and
+//! `sslrootcert` say, like the relay's own pool ([`super::wal_tls`]); a server on this machine
+//! is streamed from in the clear unless the URL requires TLS. Without any of these the relay
+//! falls back to NOTIFY, then to polling ([`super::wakeup`]).
 
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -35,12 +37,13 @@ use crate::config::SecretUrl;
 
 use super::follower::{Follower, reopen};
 use super::wakeup::Woken;
+use super::wal_tls::{self, Policy};
 
 /// The publication the relay streams: inserts into `mailroom_outbox` (a migration creates it).
 pub const PUBLICATION: &str = "mailroom_outbox_wakeup";
 /// The longest wait for the slot (it waits for transactions running at its creation) and for
 /// the server to accept the stream.
-const OPEN_TIMEOUT: Duration = Duration::from_secs(10);
+pub(super) const OPEN_TIMEOUT: Duration = Duration::from_secs(10);
 /// How often the position is confirmed to the server, also on an idle stream.
 const STATUS_INTERVAL: Duration = Duration::from_secs(10);
 
@@ -59,12 +62,8 @@ pub enum Unavailable {
         "the publication {PUBLICATION} is missing (run `mailroom migrate` as the outbox's owner)"
     )]
     NoPublication,
-    /// The stream has no TLS: it is followed only where the URL says `sslmode=disable`, or the
-    /// server is on this machine (loopback or a Unix socket), so it never crosses a network in
-    /// the clear while the relay's own connection is encrypted.
-    #[error(
-        "the WAL stream has no TLS, and the database URL (sslmode={0}) may encrypt a link that leaves this machine; it is followed only on loopback or with sslmode=disable"
-    )]
+    /// The URL asks for TLS the stream cannot give (a client certificate).
+    #[error("the WAL stream cannot use the database URL's TLS settings: {0}")]
     Tls(String),
     #[error("cannot follow the WAL: {0}")]
     Failed(String),
@@ -129,6 +128,9 @@ struct Source {
     user: String,
     password: String,
     database: String,
+    /// `None`: the stream is plain (`sslmode=disable`, a Unix socket, or a server on this
+    /// machine that the URL does not require TLS of).
+    tls: Option<Policy>,
 }
 
 impl Source {
@@ -137,13 +139,26 @@ impl Source {
             .expose()
             .parse()
             .map_err(|e| Unavailable::Failed(format!("cannot read the database URL: {e}")))?;
-        let on_machine =
-            parsed.get_socket().is_some() || crate::config::is_loopback(parsed.get_host());
-        match parsed.get_ssl_mode() {
-            PgSslMode::Disable => {}
-            PgSslMode::Allow | PgSslMode::Prefer if on_machine => {}
-            mode => return Err(Unavailable::Tls(format!("{mode:?}").to_lowercase())),
+        let query = |key: &str| {
+            url.url()
+                .query_pairs()
+                .find(|(k, _)| k == key)
+                .map(|(_, v)| v.into_owned())
+        };
+        if query("sslcert").is_some() || query("sslkey").is_some() {
+            return Err(Unavailable::Tls(
+                "client certificates (sslcert, sslkey) are not supported on it".into(),
+            ));
         }
+        let tls = match parsed.get_ssl_mode() {
+            _ if parsed.get_socket().is_some() => None,
+            PgSslMode::Allow | PgSslMode::Prefer
+                if crate::config::is_loopback(parsed.get_host()) =>
+            {
+                None
+            }
+            mode => Policy::of(mode, query("sslrootcert").map(PathBuf::from)),
+        };
         let password = url.url().password().map(|p| {
             percent_encoding::percent_decode_str(p)
                 .decode_utf8_lossy()
@@ -159,21 +174,30 @@ impl Source {
             user: parsed.get_username().to_string(),
             password: password.unwrap_or_default(),
             database: parsed.get_database().unwrap_or("postgres").to_string(),
+            tls,
         })
     }
 
     /// Connects, creates a temporary slot and starts streaming from it.
     async fn open(&self) -> Result<ReplicationClient, Unavailable> {
         let slot = slot_name();
+        // With TLS the client connects to this process's end of the encrypted link.
+        let (host, port) = match &self.tls {
+            None => (self.host.clone(), self.port),
+            Some(policy) => {
+                let local = wal_tls::open(&self.host, self.port, policy).await?;
+                (local.ip().to_string(), local.port())
+            }
+        };
         let config = ReplicationConfig::new(
-            &self.host,
+            &host,
             &self.user,
             &self.password,
             &self.database,
             &slot,
             PUBLICATION,
         )
-        .with_port(self.port)
+        .with_port(port)
         .with_tls(TlsConfig::disabled())
         .with_status_interval(STATUS_INTERVAL)
         .with_buffer_size(64)
@@ -337,31 +361,35 @@ mod tests {
     }
 
     #[test]
-    fn the_stream_without_tls_never_leaves_the_machine_unless_the_url_says_disable() {
-        let source = |url: &str| Source::new(&url.parse().unwrap());
-        for refused in [
+    fn the_stream_is_encrypted_where_the_url_asks_for_tls_or_the_server_is_elsewhere() {
+        let source = |url: &str| Source::new(&url.parse().unwrap()).unwrap();
+        for encrypted in [
             "postgres://u:p@127.0.0.1/mailroom?sslmode=require",
             "postgres://u:p@db/mailroom",
             "postgres://u:p@db/mailroom?sslmode=prefer",
             "postgres://u:p@10.0.0.5/mailroom?sslmode=allow",
+            "postgres://u:p@db/mailroom?sslmode=verify-full&sslrootcert=/ca.pem",
         ] {
-            assert!(
-                matches!(source(refused), Err(Unavailable::Tls(_))),
-                "{refused}"
-            );
+            assert!(source(encrypted).tls.is_some(), "{encrypted}");
         }
-        let ok = source("postgres://u:p%40ss@127.0.0.1:5433/mailroom").unwrap();
+        let ok = source("postgres://u:p%40ss@127.0.0.1:5433/mailroom");
         assert_eq!(
             (ok.host.as_str(), ok.port, ok.password.as_str()),
             ("127.0.0.1", 5433, "p@ss")
         );
-        for followed in [
+        for plain in [
             "postgres://u:p@localhost/mailroom?sslmode=prefer",
             "postgres://u:p@[::1]/mailroom",
             "postgres://u:p@db/mailroom?sslmode=disable",
         ] {
-            assert!(source(followed).is_ok(), "{followed}");
+            assert!(source(plain).tls.is_none(), "{plain}");
         }
+        let with_cert =
+            "postgres://u:p@db/mailroom?sslmode=verify-full&sslcert=/c.pem&sslkey=/k.pem";
+        assert!(matches!(
+            Source::new(&with_cert.parse().unwrap()),
+            Err(Unavailable::Tls(_))
+        ));
     }
 
     #[test]

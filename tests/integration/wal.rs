@@ -58,6 +58,58 @@ async fn a_commit_wakes_an_idle_relay_through_the_wal() {
     assert_eq!(app.unpublished().await, 0);
 }
 
+/// A URL that asks for TLS still gets the WAL wake-up (not the NOTIFY fallback), and the
+/// server's WAL sender for the relay's slot runs on an encrypted link: the stream is as
+/// protected as the relay's pool, whether the URL checks the certificate or not.
+#[tokio::test]
+async fn a_url_that_asks_for_tls_gets_the_wal_stream_over_tls() {
+    let Some(app) = app_on_logical_server().await else {
+        return;
+    };
+    let pg = pool(&app).await;
+    let ssl: String = sqlx::query_scalar("SHOW ssl").fetch_one(&pg).await.unwrap();
+    assert_eq!(
+        ssl, "on",
+        "the test server needs ssl = on (Debian's default, with its snakeoil certificate)"
+    );
+    let cert: String = sqlx::query_scalar("SHOW ssl_cert_file")
+        .fetch_one(&pg)
+        .await
+        .unwrap();
+    let variants = [
+        "sslmode=require".to_string(),
+        format!("sslmode=verify-ca&sslrootcert={cert}"),
+    ];
+    for (i, query) in variants.iter().enumerate() {
+        let url = format!("{}?{query}", app.db_url);
+        let mut args = RELAY_NO_PROBES.to_vec();
+        args.extend(["--database-url", &url]);
+        let relay = app.start_relay(&args);
+        relay.wait_started().await;
+        assert_eq!(relay.stats.wakeup_mode(), WakeupMode::Wal, "{query}");
+        // The previous relay's WAL sender may take a moment to exit.
+        eventually(&format!("{query}: one WAL sender, on TLS"), || async {
+            let (senders, encrypted): (i64, i64) = sqlx::query_as(
+                "SELECT count(*), count(*) FILTER (WHERE s.ssl)
+                 FROM pg_stat_activity a JOIN pg_stat_ssl s USING (pid)
+                 WHERE a.backend_type = 'walsender' AND a.datname = current_database()",
+            )
+            .fetch_one(&pg)
+            .await
+            .unwrap();
+            ((senders, encrypted) == (1, 1)).then_some(())
+        })
+        .await;
+        app.enqueue(&app.email_job(&format!("over-tls-{i}")))
+            .await
+            .unwrap();
+        relay.wait_woken(1, "WAL over TLS").await;
+        relay.wait_published(1).await;
+        relay.stop().await;
+    }
+    assert_eq!(app.unpublished().await, 0);
+}
+
 #[tokio::test]
 async fn the_migrations_leave_producers_no_trigger_where_the_wal_is_followed() {
     let Some(app) = app_on_logical_server().await else {
