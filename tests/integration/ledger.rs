@@ -295,3 +295,100 @@ async fn concurrent_claims_of_one_job_through_a_grouped_ledger_give_one_claim() 
         "concurrent writes share commits: {writes} writes in {groups} groups"
     );
 }
+
+/// PostgreSQL caches a generic plan of the group statement per connection. Made while the
+/// ledger is young (a new installation's first minutes), a plan that hashes the group's keys
+/// and scans the table would stay as the table grows, and every record would read it all.
+/// After groups on a young table, the table grows (no ANALYZE: autovacuum is off for it) and
+/// more groups run on the same connections: they must read their own rows through the index.
+#[tokio::test]
+async fn groups_planned_on_a_young_ledger_still_probe_the_index_when_it_has_grown() {
+    if !crate::helpers::runs_on(
+        mailroom::db::Engine::Postgres,
+        "PostgreSQL caches generic plans; MySQL plans each execution",
+    ) {
+        return;
+    }
+    let app = TestApp::spawn().await;
+    app.execute("ALTER TABLE sent_notifications SET (autovacuum_enabled = false)")
+        .await;
+    let url: mailroom::config::SecretUrl = app.db_url.parse().unwrap();
+    // Two connections: each runs far more than the five executions after which PostgreSQL
+    // may switch to a cached generic plan.
+    let db = Database::connect_lazy(&url, 2).unwrap();
+    let ledger = Ledger::direct(db, Default::default()).grouped(64);
+    deliveries(&ledger, "young", 32, 10).await;
+
+    app.execute(
+        "INSERT INTO sent_notifications (job_id, kind, status, message_id)
+         SELECT 'history-' || g, 'welcome', 'sent', '<h' || g || '@mailroom.test>'
+         FROM generate_series(1, 20000) g",
+    )
+    .await;
+    let Database::Postgres(pg) = &app.db else {
+        unreachable!("runs on PostgreSQL only")
+    };
+    let counters = || async {
+        let (read, updated): (i64, i64) = sqlx::query_as(
+            "SELECT seq_tup_read, n_tup_upd FROM pg_stat_user_tables
+             WHERE relname = 'sent_notifications'",
+        )
+        .fetch_one(pg)
+        .await
+        .unwrap();
+        (read, updated)
+    };
+    // The young phase's counters, once its connections reported them.
+    let before = crate::helpers::eventually("the young groups' statistics", || async {
+        let (read, updated) = counters().await;
+        (updated >= 320).then_some(read)
+    })
+    .await;
+    deliveries(&ledger, "grown", 32, 5).await;
+    let read = crate::helpers::eventually("the grown groups' statistics", || async {
+        let (read, updated) = counters().await;
+        (updated >= 320 + 160).then_some(read)
+    })
+    .await;
+    let groups = ledger
+        .stats()
+        .groups
+        .load(std::sync::atomic::Ordering::Relaxed);
+    assert!(
+        read - before < 20_000,
+        "{} rows read by sequential scans in the grown phase ({groups} groups in all): \
+         a group scanned the 20,000-row table instead of probing the index",
+        read - before
+    );
+}
+
+/// `tasks` concurrent deliveries, each claiming and recording `each` new jobs in turn.
+async fn deliveries(ledger: &Ledger, prefix: &str, tasks: usize, each: usize) {
+    let runs = (0..tasks).map(|t| {
+        let ledger = ledger.clone();
+        let prefix = prefix.to_string();
+        tokio::spawn(async move {
+            for i in 0..each {
+                let job_id = format!("{prefix}-{t}-{i}");
+                let Claim::Claimed { token, .. } =
+                    ledger.claim(&request(&job_id, LEASE, true)).await.unwrap()
+                else {
+                    panic!("a new job's claim was refused");
+                };
+                let record = Record {
+                    job_id: &job_id,
+                    kind: KIND,
+                    token: Some(token),
+                    status: LedgerStatus::Sent,
+                    smtp_reply: Some("250 ok"),
+                    error: None,
+                    class: None,
+                };
+                assert!(ledger.record(&record, None).await.unwrap());
+            }
+        })
+    });
+    for run in futures_util::future::join_all(runs).await {
+        run.unwrap();
+    }
+}

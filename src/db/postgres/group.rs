@@ -10,7 +10,9 @@ use crate::db::rows::{Claim, ClaimItem, ExistingClaim, Group, GroupResult};
 
 /// The claims and records of a group in one statement, so one commit. The two CTEs touch
 /// different keys (a group holds each key once). Claims insert in key order, so two groups
-/// lock rows in the same order.
+/// lock rows in the same order. The records' keys come through `mailroom_ledger_records`
+/// (a migration), declared to return one row, so the plan a connection caches probes the
+/// unique index per key even when it was made while the table was small.
 const WRITE_GROUP: &str = concat!(
     "
 WITH claimed AS (
@@ -37,9 +39,8 @@ WITH claimed AS (
         lease_until = NULL,
         sent_at = CASE WHEN r.status = 'sent' THEN now() ELSE n.sent_at END,
         updated_at = now()
-    FROM unnest($7::text[], $8::text[], $9::uuid[], $10::text[], $11::text[], $12::text[],
-                $13::text[], $14::text[])
-         AS r(job_id, kind, token, status, reply, error, class, revision)
+    FROM mailroom_ledger_records($7::text[], $8::text[], $9::uuid[], $10::text[], $11::text[],
+                                 $12::text[], $13::text[], $14::text[]) AS r
     WHERE n.job_id = r.job_id AND n.kind = r.kind AND n.claim_token = r.token
     RETURNING n.job_id, n.kind
 )
