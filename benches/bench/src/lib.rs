@@ -293,9 +293,8 @@ async fn run(opts: Opts) -> anyhow::Result<()> {
     .await?;
     for a in &alone {
         step(&format!(
-            "  {}: {:.0} rows/s first → last published ({:.0} from the commit); idle: {:.2} {}/s; commit → published p50 {:.1} ms, max {:.1} ms; at {}/s commit → accepted p50 {:.1} ms, p99 {:.1} ms ({} of {} sent)",
+            "  {}: {:.0} rows/s from the commit to the last published; idle: {:.2} {}/s; commit → published p50 {:.1} ms, max {:.1} ms; at {}/s commit → accepted p50 {:.1} ms, p99 {:.1} ms ({} of {} sent)",
             a.engine,
-            a.relay_only.busy_rows_per_s,
             a.relay_only.rows_per_s,
             a.relay_idle.per_s,
             a.relay_idle.unit,

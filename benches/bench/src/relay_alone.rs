@@ -54,11 +54,11 @@ pub const TRICKLE_RATE: f64 = 10.0;
 #[derive(Clone, Debug, Serialize)]
 pub struct RelayOnly {
     pub n: usize,
-    /// From the commit of the N rows to the last one published: includes the wake-up.
+    /// From the commit of the N rows to the last one published: includes the wake-up (a few
+    /// ms). The marks' own timestamps give no sound rate: a batch's rows share one
+    /// `published_at`, taken at the claim on PostgreSQL (`now()`) and at the mark on MariaDB,
+    /// and overlapping batches put those far closer together than a batch's work.
     pub rows_per_s: f64,
-    /// From the first row published to the last (`published_at`, the database's clock): the
-    /// relay's throughput once awake.
-    pub busy_rows_per_s: f64,
     pub complete: bool,
     /// Messages ready in the work queue afterwards (N + the warm-up row).
     pub queued: u32,
@@ -339,11 +339,9 @@ impl Rig {
         let t0 = Instant::now();
         let complete = wait_published(db, patience(n)).await?;
         let rows_per_s = n as f64 / t0.elapsed().as_secs_f64();
-        let span = publish_span(db, prefix_pattern("job")).await?;
         Ok(RelayOnly {
             n,
             rows_per_s,
-            busy_rows_per_s: (n.saturating_sub(1)) as f64 / span.max(1e-6),
             complete,
             queued: self.world.ready_messages().await?,
         })
@@ -537,31 +535,6 @@ async fn commit_to_sent_ms(db: &Database, prefix: &str) -> anyhow::Result<Vec<f6
 /// The `LIKE` pattern of the job ids [`workload::job`] makes with `prefix`.
 fn prefix_pattern(prefix: &str) -> String {
     format!("{prefix}-%")
-}
-
-/// Seconds between the first and the last `published_at` of the rows whose job id matches.
-async fn publish_span(db: &Database, pattern: String) -> anyhow::Result<f64> {
-    type Span = (Option<chrono::DateTime<Utc>>, Option<chrono::DateTime<Utc>>);
-    const SQL: &str =
-        "SELECT MIN(published_at), MAX(published_at) FROM mailroom_outbox WHERE job_id LIKE ";
-    let (first, last): Span = match db {
-        Database::Postgres(pool) => {
-            sqlx::query_as(sqlx::AssertSqlSafe(format!("{SQL}$1")))
-                .bind(pattern)
-                .fetch_one(pool)
-                .await?
-        }
-        Database::MySql(pool) => {
-            sqlx::query_as(sqlx::AssertSqlSafe(format!("{SQL}?")))
-                .bind(pattern)
-                .fetch_one(pool)
-                .await?
-        }
-    };
-    let (Some(first), Some(last)) = (first, last) else {
-        anyhow::bail!("no published rows to time");
-    };
-    Ok((last - first).as_seconds_f64())
 }
 
 /// N outbox rows in one transaction, as a bulk import would commit them.

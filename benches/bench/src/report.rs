@@ -431,14 +431,13 @@ fn relay_alone_rows(t: &mut String, r: &Results, a: &RelayAlone) {
     let only = &a.relay_only;
     let _ = writeln!(
         t,
-        "| **relay only** on {}: outbox → queue rows/s ({} rows committed at once, 1 relay): first → last published / from the commit (includes waking up){} | {} / {} | RabbitMQ {}/s | {} |",
+        "| **relay only** on {}: outbox → queue rows/s ({} rows committed at once, 1 relay): from the commit to the last published (includes waking up){} | {} | RabbitMQ {}/s | {} |",
         a.engine,
         thousands(only.n as f64),
         if only.complete { "" } else { " (INCOMPLETE)" },
-        thousands(only.busy_rows_per_s),
         thousands(only.rows_per_s),
         thousands(r.raw_broker.rate),
-        ratio(only.busy_rows_per_s, r.raw_broker.rate)
+        ratio(only.rows_per_s, r.raw_broker.rate)
     );
     let idle = &a.relay_idle;
     let mut detail = String::new();
