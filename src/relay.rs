@@ -11,7 +11,9 @@
 //! not allow that, `LISTEN/NOTIFY` from the outbox trigger, which notifies only when no other
 //! row is waiting, because NOTIFY serialises commits; on MySQL/MariaDB the binary log. Without
 //! a source, the probes alone, up to `poll_max` ([`wakeup`]). Every source is opened before
-//! the first scan, so nothing committed in between is missed.
+//! the first scan, so nothing committed in between is missed. The WAL stream pauses while
+//! outbox commits come faster than it pays ([`wal::PAUSE_ABOVE`] a second): the relay probes
+//! every `poll_min` or two meanwhile, and opens the stream again once probes find nothing.
 //! On both engines an enqueue made in the same process (the HTTP API of `mailroom run`) wakes
 //! the relay at once through [`Relay::waker`].
 //!
@@ -35,7 +37,7 @@
 //! duplicates of the rows' next publish, which the worker's claim makes harmless.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
 use std::time::Duration;
 
 use futures_util::future::join_all;
@@ -123,6 +125,9 @@ pub struct RelayStats {
     pub sessions: AtomicU64,
     /// The [`WakeupMode`] of the current session.
     pub wakeup_mode: AtomicU8,
+    /// Whether the session's WAL stream is paused: outbox rows come faster than it pays, and
+    /// the relay probes instead ([`wal::PAUSE_ABOVE`](crate::relay::wal::PAUSE_ABOVE)).
+    pub wakeup_paused: AtomicBool,
 }
 
 impl RelayStats {
@@ -422,6 +427,9 @@ impl Relay {
     ) -> anyhow::Result<bool> {
         loop {
             poll.set_max(wakeup.ceiling(&self.settings));
+            self.stats
+                .wakeup_paused
+                .store(wakeup.paused(), Ordering::Relaxed);
             tokio::select! {
                 biased;
                 _ = shutdown.cancelled() => return Ok(false),
@@ -451,7 +459,9 @@ impl Relay {
                 anyhow::bail!("the broker connection closed while the relay was idle");
             }
             self.stats.probes.fetch_add(1, Ordering::Relaxed);
-            if self.db.outbox_has_work().await? {
+            let found = self.db.outbox_has_work().await?;
+            wakeup.probed(found);
+            if found {
                 poll.busy();
                 return Ok(true);
             }

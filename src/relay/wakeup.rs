@@ -136,13 +136,28 @@ impl Wakeup {
         }
     }
 
-    /// The longest wait between probes of an idle outbox: long while a source is connected.
+    /// The longest wait between probes of an idle outbox: long while a source is connected,
+    /// two `poll_min` while the WAL stream is paused because rows come faster than it pays.
     pub fn ceiling(&self, settings: &RelaySettings) -> Duration {
         match self {
+            Wakeup::Wal(follower) if follower.paused() => settings.poll_min * 2,
             Wakeup::Notify(_) => settings.poll_interval,
             Wakeup::Binlog(follower) if follower.live() => settings.poll_interval,
             Wakeup::Wal(follower) if follower.live() => settings.poll_interval,
             Wakeup::Binlog(_) | Wakeup::Wal(_) | Wakeup::Poll => settings.poll_max,
+        }
+    }
+
+    /// Whether the source is paused: the WAL stream, closed while outbox rows come faster than
+    /// it pays ([`wal::PAUSE_ABOVE`]).
+    pub fn paused(&self) -> bool {
+        matches!(self, Wakeup::Wal(follower) if follower.paused())
+    }
+
+    /// What a probe of the idle outbox found: empty probes in a row reopen a paused stream.
+    pub fn probed(&mut self, found: bool) {
+        if let Wakeup::Wal(follower) = self {
+            follower.probed(found);
         }
     }
 

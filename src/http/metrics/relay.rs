@@ -44,6 +44,13 @@ pub fn write(out: &mut String, r: &RelayStats) {
         counter(out, name, help, value.load(Ordering::Relaxed));
     }
     wakeup_mode(out, r.wakeup_mode());
+    gauge(
+        out,
+        "mailroom_relay_wakeup_paused",
+        "1 while the relay's WAL stream is paused because outbox rows come faster than it pays: \
+         the relay probes the outbox instead.",
+        u8::from(r.wakeup_paused.load(Ordering::Relaxed)),
+    );
 }
 
 /// `mailroom_relay_wakeup_mode{mode="…"}`: 1 on the source that wakes the relay, 0 on the others.
