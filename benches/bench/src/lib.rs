@@ -257,12 +257,12 @@ async fn run(opts: Opts) -> anyhow::Result<()> {
         paced_runs.push(run);
     }
 
-    let commits_n = opts.floor_n * 10;
+    let commits_n = opts.floor_n * 30;
     step(&format!(
-        "raw limit: outbox commits, {} producers, {commits_n} rows per wake-up mode (none, NOTIFY trigger, WAL)",
+        "raw limit: outbox commits, {} producers, {commits_n} rows per mode (alone; beside a relay woken by probes, the NOTIFY trigger, the WAL)",
         relay::PRODUCERS
     ));
-    let outbox_commits = relay::outbox_commits(&services, commits_n).await?;
+    let outbox_commits = relay::outbox_commits(&services, commits_n, &logs).await?;
     for m in &outbox_commits.modes {
         step(&format!(
             "  {}: {:.0} commits/s {:?}{}",

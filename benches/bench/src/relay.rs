@@ -12,10 +12,7 @@ use std::time::Instant;
 
 use chrono::{DateTime, Utc};
 use futures_util::future::BoxFuture;
-use mailroom::config::SecretUrl;
 use mailroom::db::outbox;
-use mailroom::relay::follower::Follower as WalFollower;
-use mailroom::relay::wal;
 use serde::Serialize;
 use sqlx::PgPool;
 
@@ -82,7 +79,7 @@ pub struct OutboxCommits {
     pub modes: Vec<CommitRate>,
 }
 
-/// Commits/s with one wake-up mode in place (no relay running).
+/// Commits/s in one mode: the producers alone, or beside a relay woken one way.
 #[derive(Clone, Debug, Serialize)]
 pub struct CommitRate {
     pub mode: &'static str,
@@ -92,6 +89,9 @@ pub struct CommitRate {
     pub rounds: Vec<f64>,
     /// Why the mode could not be measured, if it could not.
     pub unavailable: Option<String>,
+    /// `wal`: in how many rounds the relay had paused its stream when the producers were done
+    /// (`mailroom_relay_wakeup_paused`).
+    pub paused_rounds: usize,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -104,10 +104,12 @@ pub struct RelayFigures {
     pub end_to_end_paced: Vec<EndToEnd>,
 }
 
-/// The modes measured: no wake-up at all (the baseline), the NOTIFY trigger in every
-/// producer's transaction, and the WAL followed from a temporary logical slot (no trigger).
-pub const COMMIT_MODES: [&str; 3] = ["none", "trigger", "wal"];
-/// Rounds of the three modes, taking turns.
+/// The modes measured: the producers alone (`none`: no relay, no trigger, no slot: the raw
+/// commit limit), then beside a relay process publishing their rows, woken by its probes only
+/// (`poll`: the baseline a wake-up's cost is measured from), by the NOTIFY trigger in every
+/// producer's transaction (`trigger`), or by the WAL from a temporary logical slot (`wal`).
+pub const COMMIT_MODES: [&str; 4] = ["none", "poll", "trigger", "wal"];
+/// Rounds of the modes, taking turns.
 const COMMIT_ROUNDS: usize = 2;
 
 impl OutboxCommits {
@@ -119,19 +121,28 @@ impl OutboxCommits {
             .map_or(0.0, |m| m.per_s)
     }
 
-    /// `mode`'s cost against no wake-up at all, in percent of the commit rate.
+    /// A wake-up `mode`'s cost against a relay that only probes, in percent of the commit
+    /// rate; `None` for the modes without a wake-up.
     pub fn cost_percent(&self, mode: &str) -> Option<f64> {
-        let (base, rate) = (self.rate("none"), self.rate(mode));
+        if matches!(mode, "none" | "poll") {
+            return None;
+        }
+        let (base, rate) = (self.rate("poll"), self.rate(mode));
         (base > 0.0 && rate > 0.0).then(|| (1.0 - rate / base) * 100.0)
     }
 }
 
-/// Outbox commits per second from [`PRODUCERS`] producers in each of [`COMMIT_MODES`], no
-/// relay running. A NOTIFY serialises the commits of the transactions that send one (a lock on
-/// the notification queue is held through the commit's WAL flush); the trigger also runs its
-/// check in every producer's transaction. The WAL follower runs in another process (the
-/// server's WAL sender decodes the log); on this machine it competes for the same cores.
-pub async fn outbox_commits(services: &Services, n: usize) -> anyhow::Result<OutboxCommits> {
+/// Outbox commits per second from [`PRODUCERS`] producers in each of [`COMMIT_MODES`]. A
+/// NOTIFY serialises the commits of the transactions that send one (a lock on the notification
+/// queue is held through the commit's WAL flush); the trigger also runs its check in every
+/// producer's transaction. The WAL follower makes the server decode every transaction on the
+/// cores the producers use, until the relay pauses its stream. The relay publishes the rows as
+/// they come in every mode but `none`, so its own work weighs on each alike.
+pub async fn outbox_commits(
+    services: &Services,
+    n: usize,
+    logs: &Path,
+) -> anyhow::Result<OutboxCommits> {
     let world = World::create(services, "raw-outbox", PRODUCERS as u32 + 2).await?;
     let result = async {
         let producer = |prefix: String| OutboxProducer {
@@ -146,12 +157,13 @@ pub async fn outbox_commits(services: &Services, n: usize) -> anyhow::Result<Out
                 per_s: 0.0,
                 rounds: vec![],
                 unavailable: None,
+                paused_rounds: 0,
             })
             .collect();
         for round in 0..COMMIT_ROUNDS {
             for m in modes.iter_mut().filter(|m| m.unavailable.is_none()) {
-                let follower = match set_mode(&world, m.mode).await? {
-                    Ok(follower) => follower,
+                let relay = match ModeRelay::start(&world, m.mode, round, logs).await? {
+                    Ok(relay) => relay,
                     Err(why) => {
                         m.unavailable = Some(why);
                         continue;
@@ -161,8 +173,9 @@ pub async fn outbox_commits(services: &Services, n: usize) -> anyhow::Result<Out
                 let t = Instant::now();
                 workload::backlog(&p, n, PRODUCERS).await?;
                 m.rounds.push(n as f64 / t.elapsed().as_secs_f64());
-                if let Some(follower) = follower {
-                    follower.close().await;
+                if let Some(relay) = relay {
+                    m.paused_rounds += usize::from(relay.paused().await);
+                    relay.stop(&world).await?;
                 }
             }
         }
@@ -180,29 +193,85 @@ pub async fn outbox_commits(services: &Services, n: usize) -> anyhow::Result<Out
     result
 }
 
-/// Puts `mode` in place: the trigger on or off, and for `wal` a follower streaming the world's
-/// database (returned; closing it drops its slot). `Err` inside: the mode is unavailable here.
-async fn set_mode(
-    world: &World,
-    mode: &str,
-) -> anyhow::Result<Result<Option<WalFollower>, String>> {
-    let trigger = if mode == "trigger" {
-        "ENABLE"
-    } else {
-        "DISABLE"
-    };
-    let sql = format!("ALTER TABLE mailroom_outbox {trigger} TRIGGER mailroom_outbox_notify");
-    sqlx::query(sqlx::AssertSqlSafe(sql))
-        .execute(world.pg_pool())
-        .await?;
-    if mode != "wal" {
-        return Ok(Ok(None));
+/// The relay process of one mode's round, and its `--metrics-addr`.
+struct ModeRelay {
+    fleet: Fleet,
+    metrics: String,
+}
+
+impl ModeRelay {
+    /// Puts `mode` in place: the trigger on for `trigger` only, and for every mode but `none` a
+    /// relay woken that way, started and checked by publishing one row. `Err` inside: the mode
+    /// is unavailable here (the relay fell back to another wake-up).
+    async fn start(
+        world: &World,
+        mode: &str,
+        round: usize,
+        logs: &Path,
+    ) -> anyhow::Result<Result<Option<ModeRelay>, String>> {
+        let trigger = if mode == "trigger" {
+            "ENABLE"
+        } else {
+            "DISABLE"
+        };
+        let sql = format!("ALTER TABLE mailroom_outbox {trigger} TRIGGER mailroom_outbox_notify");
+        sqlx::query(sqlx::AssertSqlSafe(sql))
+            .execute(world.pg_pool())
+            .await?;
+        let (choice, reports) = match mode {
+            "poll" => ("poll", "poll"),
+            "trigger" => ("notify", "notify"),
+            "wal" => ("auto", "wal"),
+            _ => return Ok(Ok(None)),
+        };
+        let metrics = format!("127.0.0.1:{}", mailroom_test_kit::free_port());
+        let mut fleet = Fleet::default();
+        fleet.add_with(
+            world,
+            "relay",
+            round + 1,
+            None,
+            &logs.join(mode),
+            &["--relay-wakeup", choice, "--metrics-addr", &metrics],
+        )?;
+        let relay = ModeRelay { fleet, metrics };
+        world
+            .db
+            .enqueue(&workload::email_job(
+                &format!("{mode}-start"),
+                round,
+                Utc::now(),
+            ))
+            .await?;
+        if !crate::relay_alone::wait_published(&world.db, patience(1)).await? {
+            relay.fleet.stop().await;
+            anyhow::bail!("the {mode} relay did not publish its first row");
+        }
+        let woken_by = crate::relay_alone::wakeup_mode_at(&relay.metrics).await;
+        if woken_by != reports {
+            relay.fleet.stop().await;
+            return Ok(Err(format!(
+                "the relay is woken by {woken_by}, not {reports} (see its log)"
+            )));
+        }
+        Ok(Ok(Some(relay)))
     }
-    let url: SecretUrl = world.db_url.parse().map_err(anyhow::Error::msg)?;
-    Ok(wal::start(world.pg_pool(), &url)
-        .await
-        .map(Some)
-        .map_err(|e| e.to_string()))
+
+    /// Whether the relay's WAL stream is paused (`mailroom_relay_wakeup_paused 1`).
+    async fn paused(&self) -> bool {
+        crate::relay_alone::scrape(&self.metrics)
+            .await
+            .is_ok_and(|page| page.lines().any(|l| l == "mailroom_relay_wakeup_paused 1"))
+    }
+
+    /// Waits until the relay published every row (the next mode starts from an empty outbox
+    /// and an idle relay), stops it and empties the work queue.
+    async fn stop(self, world: &World) -> anyhow::Result<()> {
+        let drained = crate::relay_alone::wait_published(&world.db, patience(10_000)).await;
+        self.fleet.stop().await;
+        anyhow::ensure!(drained?, "the relay did not publish the producers' rows");
+        world.purge_work_queue().await
+    }
 }
 
 /// End to end with a relay and a worker process: `rate` None = as fast as possible.

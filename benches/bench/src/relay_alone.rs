@@ -306,16 +306,22 @@ impl Rig {
     /// The wake-up mode the relay reports in `/metrics`
     /// (`mailroom_relay_wakeup_mode{mode="…"} 1`), or `unknown`.
     async fn wakeup_mode(&self) -> String {
-        let page = match scrape(&self.metrics).await {
-            Ok(page) => page,
-            Err(e) => return format!("unknown ({e})"),
-        };
-        page.lines()
-            .filter_map(|l| l.strip_prefix("mailroom_relay_wakeup_mode{mode=\""))
-            .find_map(|rest| rest.strip_suffix("\"} 1"))
-            .unwrap_or("unknown")
-            .to_owned()
+        wakeup_mode_at(&self.metrics).await
     }
+}
+
+/// The wake-up mode the relay at `metrics` reports (`mailroom_relay_wakeup_mode{mode="…"} 1`),
+/// or `unknown`.
+pub(crate) async fn wakeup_mode_at(metrics: &str) -> String {
+    let page = match scrape(metrics).await {
+        Ok(page) => page,
+        Err(e) => return format!("unknown ({e})"),
+    };
+    page.lines()
+        .filter_map(|l| l.strip_prefix("mailroom_relay_wakeup_mode{mode=\""))
+        .find_map(|rest| rest.strip_suffix("\"} 1"))
+        .unwrap_or("unknown")
+        .to_owned()
 }
 
 impl Rig {
@@ -455,7 +461,7 @@ async fn wake_latency(db: &Database, rows: usize) -> anyhow::Result<WakeLatency>
 }
 
 /// Waits until no outbox row is unpublished; false if `patience` ran out first.
-async fn wait_published(db: &Database, patience: Duration) -> anyhow::Result<bool> {
+pub(crate) async fn wait_published(db: &Database, patience: Duration) -> anyhow::Result<bool> {
     let deadline = Instant::now() + patience;
     loop {
         if db.oldest_unpublished_age().await?.is_none() {
@@ -579,7 +585,7 @@ fn host_port(url: &str) -> anyhow::Result<String> {
 }
 
 /// `GET /metrics` from `addr` over HTTP/1.0 (the body follows the headers; the server closes).
-async fn scrape(addr: &str) -> anyhow::Result<String> {
+pub(crate) async fn scrape(addr: &str) -> anyhow::Result<String> {
     use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
     let mut stream = tokio::net::TcpStream::connect(addr).await?;
     stream

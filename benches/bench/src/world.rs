@@ -146,6 +146,18 @@ impl World {
         Ok(q.message_count())
     }
 
+    /// Empties the work queue.
+    pub async fn purge_work_queue(&self) -> anyhow::Result<()> {
+        let ch = self.conn.create_channel().await?;
+        ch.queue_purge(
+            self.topology.queue.as_str().into(),
+            QueuePurgeOptions::default(),
+        )
+        .await?;
+        let _ = ch.close(200, "ok".into()).await;
+        Ok(())
+    }
+
     /// Deletes the queues, exchanges and the database.
     pub async fn cleanup(self) {
         self.db.close().await;
