@@ -13,7 +13,7 @@
 //! a source, the probes alone, up to `poll_max` ([`wakeup`]). Every source is opened before
 //! the first scan, so nothing committed in between is missed. The WAL stream pauses while
 //! outbox commits come faster than it pays ([`wal::PAUSE_ABOVE`] a second): the relay probes
-//! every `poll_min` or two meanwhile, and opens the stream again once probes find nothing.
+//! every `poll_min` meanwhile, and opens the stream again once probes find nothing.
 //! On both engines an enqueue made in the same process (the HTTP API of `mailroom run`) wakes
 //! the relay at once through [`Relay::waker`].
 //!

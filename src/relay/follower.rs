@@ -13,7 +13,7 @@ use tokio_util::sync::{CancellationToken, DropGuard};
 use super::wakeup::Woken;
 
 /// Empty probes in a row after which a paused stream is opened again: the outbox has gone
-/// quiet (about 90 ms with the default `poll_min` of 10 ms).
+/// quiet (about 50 ms with the default `poll_min` of 10 ms).
 pub const QUIET_PROBES: u32 = 5;
 
 /// What a follower's task is given: where to send wake-ups, the flags it keeps to whether its

@@ -137,10 +137,10 @@ impl Wakeup {
     }
 
     /// The longest wait between probes of an idle outbox: long while a source is connected,
-    /// two `poll_min` while the WAL stream is paused because rows come faster than it pays.
+    /// `poll_min` while the WAL stream is paused because rows come faster than it pays.
     pub fn ceiling(&self, settings: &RelaySettings) -> Duration {
         match self {
-            Wakeup::Wal(follower) if follower.paused() => settings.poll_min * 2,
+            Wakeup::Wal(follower) if follower.paused() => settings.poll_min,
             Wakeup::Notify(_) => settings.poll_interval,
             Wakeup::Binlog(follower) if follower.live() => settings.poll_interval,
             Wakeup::Wal(follower) if follower.live() => settings.poll_interval,

@@ -14,7 +14,7 @@
 //! The stream is a wake-up for a relay that waits, and it is not free: the server decodes
 //! every transaction of the database for the slot, on the cores the producers commit on. So
 //! when outbox commits come faster than [`PAUSE_ABOVE`] a second the relay closes it and
-//! probes the outbox every `poll_min` or two, which then finds rows nearly every time; once
+//! probes the outbox every `poll_min`, which then finds rows nearly every time; once
 //! the outbox has been quiet for a few probes it opens a new slot ([`follow`]).
 //!
 //! What it needs (checked at startup, see [`Unavailable`]): `wal_level = logical`, a free
