@@ -97,6 +97,9 @@ pub struct RelaySettings {
     pub database_url: Option<SecretUrl>,
     /// The best wake-up source to try (it falls back from there).
     pub wakeup: WakeupChoice,
+    /// Outbox commits a second from which the WAL stream pauses (0: never);
+    /// [`wal::PAUSE_ABOVE`] by default.
+    pub wal_pause_above: u32,
 }
 
 /// What the relay did, for tests, the benchmark and metrics.

@@ -206,14 +206,16 @@ fn log_fallback(why: &Unavailable, poll_max: Duration) {
 /// retried), not a reason to settle for less.
 async fn open_postgres(pool: &PgPool, settings: &RelaySettings) -> anyhow::Result<Wakeup> {
     let why_not_wal = match (&settings.database_url, settings.wakeup) {
-        (Some(url), WakeupChoice::Auto) => match wal::start(pool, url).await {
-            Ok(follower) => {
-                log_wal_with_trigger(pool).await;
-                return Ok(Wakeup::Wal(follower));
+        (Some(url), WakeupChoice::Auto) => {
+            match wal::start(pool, url, settings.wal_pause_above).await {
+                Ok(follower) => {
+                    log_wal_with_trigger(pool).await;
+                    return Ok(Wakeup::Wal(follower));
+                }
+                Err(why @ wal::Unavailable::Unreachable(_)) => return Err(why.into()),
+                Err(why) => why.to_string(),
             }
-            Err(why @ wal::Unavailable::Unreachable(_)) => return Err(why.into()),
-            Err(why) => why.to_string(),
-        },
+        }
         (None, _) => "no database URL to stream with".to_string(),
         (_, choice) => format!("--relay-wakeup {}", choice_name(choice)),
     };

@@ -13,9 +13,10 @@
 //!
 //! The stream is a wake-up for a relay that waits, and it is not free: the server decodes
 //! every transaction of the database for the slot, on the cores the producers commit on. So
-//! when outbox commits come faster than [`PAUSE_ABOVE`] a second the relay closes it and
-//! probes the outbox every `poll_min`, which then finds rows nearly every time; once
-//! the outbox has been quiet for a few probes it opens a new slot ([`follow`]).
+//! when outbox commits come faster than `--relay-wal-pause-above` ([`PAUSE_ABOVE`] a second)
+//! the relay closes it and probes the outbox every `poll_min`, which then finds rows nearly
+//! every time; once the outbox has been quiet for a few probes it opens a new slot
+//! ([`follow`]).
 //!
 //! What it needs (checked at startup, see [`Unavailable`]): `wal_level = logical`, a free
 //! replication slot and WAL sender (`max_replication_slots`, `max_wal_senders`), a user with
@@ -84,12 +85,16 @@ fn failed(e: PgWireError) -> Unavailable {
 
 /// Checks the server and the user, opens a slot and its stream, and starts following it.
 /// Anything committed before this returns is the first scan's to find.
-pub async fn start(pool: &PgPool, url: &SecretUrl) -> Result<Follower, Unavailable> {
+pub async fn start(
+    pool: &PgPool,
+    url: &SecretUrl,
+    pause_above: u32,
+) -> Result<Follower, Unavailable> {
     let source = Source::new(url)?;
     preflight(pool).await?;
     let client = source.open().await?;
     Ok(Follower::spawn("the WAL", |feed| {
-        follow(source, client, feed)
+        follow(source, client, CommitRate::new(pause_above), feed)
     }))
 }
 
@@ -244,14 +249,15 @@ fn slot_name() -> String {
 /// Reads the stream until `stop`, waking the relay after each committed outbox insert, and
 /// reopens it (then asks for one rescan) when it is lost.
 ///
-/// When outbox commits come faster than [`PAUSE_ABOVE`] a second, the stream is closed: its
-/// slot made the server decode every transaction of the database, a cost the producers' own
-/// commits shared the cores with, while a relay that busy finds rows at every probe anyway.
+/// When outbox commits come faster than `rate`'s threshold ([`PAUSE_ABOVE`] a second by
+/// default), the stream is closed: its slot made the server decode every transaction of the
+/// database, a cost the producers' own commits shared the cores with, while a relay that busy
+/// finds rows at every probe anyway.
 /// The relay then probes at its fastest (see [`super::wakeup::Wakeup::ceiling`]) and reports
 /// each probe ([`Follower::probed`]); after [`super::follower::QUIET_PROBES`] empty ones in a
 /// row the stream is opened again at the server's current position, and one rescan finds
 /// whatever was committed in between. No row depends on the stream in either state.
-async fn follow(source: Source, mut client: ReplicationClient, feed: Feed) {
+async fn follow(source: Source, mut client: ReplicationClient, rate: CommitRate, feed: Feed) {
     let Feed {
         tx: woken,
         live,
@@ -262,7 +268,7 @@ async fn follow(source: Source, mut client: ReplicationClient, feed: Feed) {
     tracing::info!("following the WAL for outbox inserts (a temporary logical slot)");
     loop {
         let mut commits = OutboxCommits::default();
-        let mut rate = CommitRate::default();
+        let mut rate = rate.restart();
         let ended = loop {
             let event = tokio::select! {
                 _ = stop.cancelled() => {
@@ -292,8 +298,9 @@ async fn follow(source: Source, mut client: ReplicationClient, feed: Feed) {
                 // A relay asleep on the long ceiling picks up the short one.
                 let _ = woken.try_send(Woken::Event);
                 tracing::info!(
-                    "outbox commits come faster than {PAUSE_ABOVE}/s: WAL stream closed, the \
-                     relay probes the outbox until it goes quiet"
+                    "outbox commits come faster than {}/s: WAL stream closed, the relay probes \
+                     the outbox until it goes quiet",
+                    rate.pause_above
                 );
                 tokio::select! {
                     _ = stop.cancelled() => return,
@@ -330,29 +337,49 @@ async fn follow(source: Source, mut client: ReplicationClient, feed: Feed) {
 
 /// Why the stream was left.
 enum Ended {
-    /// Outbox commits came faster than [`PAUSE_ABOVE`] a second.
+    /// Outbox commits came faster than the pause threshold.
     Busy,
     Lost(String),
 }
 
-/// Outbox commits a second from which the relay closes its stream and probes instead. Each
-/// transaction the slot decodes costs the server some 20 µs of CPU (and the relay some 10 µs)
-/// on this project's bench machine; 200 a second of them cost as much as the relay's probes
-/// every 10 ms do, and beyond that the probes are the cheaper wake-up.
-pub const PAUSE_ABOVE: u32 = 200;
-/// The window [`PAUSE_ABOVE`] is counted in.
+/// Outbox commits a second from which the relay closes its stream and probes instead
+/// (`--relay-wal-pause-above`). Each transaction the slot decodes costs the server some 20 µs
+/// of CPU and the relay some 10 µs on this project's bench machine: 1,000 a second are 3 % of
+/// one core, taken from the producers when they fill the cores. Above that rate a probe every
+/// `poll_min` (10 ms) finds ten rows or more, so the stream saves no latency worth its cost;
+/// below it, the stream keeps commit → published at a few milliseconds.
+pub const PAUSE_ABOVE: u32 = 1_000;
+/// The window the threshold is counted in.
 const RATE_WINDOW: Duration = Duration::from_secs(1);
 
 /// Counts outbox commits in windows of [`RATE_WINDOW`], each starting at its first commit.
-#[derive(Default)]
+#[derive(Clone, Copy)]
 pub(super) struct CommitRate {
+    /// Commits within one window that pause the stream; 0: never.
+    pause_above: u32,
     since: Option<Instant>,
     commits: u32,
 }
 
 impl CommitRate {
-    /// One outbox commit seen at `now`; true once [`PAUSE_ABOVE`] came within one window.
+    pub fn new(pause_above: u32) -> CommitRate {
+        CommitRate {
+            pause_above,
+            since: None,
+            commits: 0,
+        }
+    }
+
+    /// The same threshold, counting from zero (a new stream).
+    fn restart(self) -> CommitRate {
+        CommitRate::new(self.pause_above)
+    }
+
+    /// One outbox commit seen at `now`; true once the threshold came within one window.
     pub fn commit(&mut self, now: Instant) -> bool {
+        if self.pause_above == 0 {
+            return false;
+        }
         match self.since {
             Some(since) if now.saturating_duration_since(since) < RATE_WINDOW => {}
             _ => {
@@ -361,7 +388,7 @@ impl CommitRate {
             }
         }
         self.commits += 1;
-        self.commits >= PAUSE_ABOVE
+        self.commits >= self.pause_above
     }
 }
 
@@ -479,7 +506,7 @@ mod tests {
     #[test]
     fn the_stream_pauses_at_the_commit_that_makes_the_rate_within_one_window() {
         let t0 = Instant::now();
-        let mut rate = CommitRate::default();
+        let mut rate = CommitRate::new(PAUSE_ABOVE);
         let step = RATE_WINDOW / PAUSE_ABOVE;
         for i in 0..PAUSE_ABOVE - 1 {
             assert!(!rate.commit(t0 + step * i), "commit {i} of one window");
@@ -490,11 +517,20 @@ mod tests {
     #[test]
     fn commits_spread_over_more_than_a_window_do_not_pause_the_stream() {
         let t0 = Instant::now();
-        let mut rate = CommitRate::default();
+        let mut rate = CommitRate::new(PAUSE_ABOVE);
         // Just under the rate, for ten windows in a row.
         let step = RATE_WINDOW / (PAUSE_ABOVE - 1) + Duration::from_micros(1);
         for i in 0..PAUSE_ABOVE * 10 {
             assert!(!rate.commit(t0 + step * i), "commit {i}");
+        }
+    }
+
+    #[test]
+    fn a_threshold_of_zero_never_pauses_the_stream() {
+        let t0 = Instant::now();
+        let mut rate = CommitRate::new(0);
+        for i in 0..100_000 {
+            assert!(!rate.commit(t0 + Duration::from_nanos(i)));
         }
     }
 

@@ -26,6 +26,8 @@ pub struct RelayTuning {
     pub outbox_retention: Duration,
     /// The best wake-up source to try.
     pub wakeup: WakeupChoice,
+    /// Outbox commits a second that pause the WAL stream (0: never).
+    pub wal_pause_above: u32,
 }
 
 /// What `mailroom relay` needs.
@@ -82,6 +84,7 @@ pub fn build_relay(
         // The WAL (src/relay/wal.rs) or the binary log (src/relay/binlog.rs) wakes the relay.
         database_url: Some(database_url.clone()),
         wakeup: tuning.wakeup,
+        wal_pause_above: tuning.wal_pause_above,
     };
     Ok(Relay::new(settings, db))
 }
