@@ -105,7 +105,9 @@ impl Follower {
         self.empty_probes += 1;
         if self.empty_probes >= QUIET_PROBES {
             self.empty_probes = 0;
-            self.quiet.notify_one();
+            // Only a task waiting now hears it: no permit is left over to reopen the next
+            // pause at once. A task still closing its stream hears the next run of probes.
+            self.quiet.notify_waiters();
         }
     }
 
