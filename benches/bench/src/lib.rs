@@ -262,10 +262,17 @@ async fn run(opts: Opts) -> anyhow::Result<()> {
         "raw limit: outbox commits, {} producers, {commits_n} rows per mode (alone; beside a relay woken by probes, the NOTIFY trigger, the WAL)",
         relay::PRODUCERS
     ));
-    let outbox_commits = relay::outbox_commits(&services, commits_n, &logs).await?;
-    for m in &outbox_commits.modes {
+    let outbox_commits =
+        relay::outbox_commits(&services, mailroom::db::Engine::Postgres, commits_n, &logs).await?;
+    step("the same on MariaDB/MySQL (alone; beside a relay woken by probes, the binary log)");
+    let outbox_commits_mysql =
+        relay::outbox_commits(&services, mailroom::db::Engine::MySql, commits_n, &logs).await?;
+    for (engine, m) in [&outbox_commits, &outbox_commits_mysql]
+        .iter()
+        .flat_map(|c| c.modes.iter().map(move |m| (c.engine, m)))
+    {
         step(&format!(
-            "  {}: {:.0} commits/s {:?}{}",
+            "  {engine} {}: {:.0} commits/s {:?}{}",
             m.mode,
             m.per_s,
             m.rounds.iter().map(|r| r.round()).collect::<Vec<_>>(),
@@ -344,6 +351,7 @@ async fn run(opts: Opts) -> anyhow::Result<()> {
     let relay = relay::RelayFigures {
         producers: relay::PRODUCERS,
         outbox_commits,
+        outbox_commits_mysql,
         alone,
         end_to_end_max,
         end_to_end_paced,

@@ -12,7 +12,7 @@ use std::time::Instant;
 
 use chrono::{DateTime, Utc};
 use futures_util::future::BoxFuture;
-use mailroom::db::outbox;
+use mailroom::db::{Database, Engine, outbox};
 use serde::Serialize;
 use sqlx::PgPool;
 
@@ -36,6 +36,25 @@ pub struct OutboxProducer {
 }
 
 impl Producer for OutboxProducer {
+    fn submit(&self, i: usize) -> BoxFuture<'static, anyhow::Result<DateTime<Utc>>> {
+        let pool = self.pool.clone();
+        let job = workload::email_job(&self.prefix, i, Utc::now());
+        Box::pin(async move {
+            let mut tx = pool.begin().await?;
+            outbox::enqueue(&mut tx, &job).await?;
+            tx.commit().await?;
+            Ok(Utc::now())
+        })
+    }
+}
+
+/// [`OutboxProducer`] on MySQL/MariaDB.
+pub struct MySqlOutboxProducer {
+    pub pool: sqlx::MySqlPool,
+    pub prefix: String,
+}
+
+impl Producer for MySqlOutboxProducer {
     fn submit(&self, i: usize) -> BoxFuture<'static, anyhow::Result<DateTime<Utc>>> {
         let pool = self.pool.clone();
         let job = workload::email_job(&self.prefix, i, Utc::now());
@@ -73,9 +92,11 @@ pub struct EndToEnd {
 /// wake-up mode: what each mode costs the producers' own commits.
 #[derive(Clone, Debug, Serialize)]
 pub struct OutboxCommits {
+    /// `PostgreSQL` or `MariaDB`.
+    pub engine: &'static str,
     pub n: usize,
     pub producers: usize,
-    /// One per mode, in [`COMMIT_MODES`] order.
+    /// One per mode, in [`COMMIT_MODES`] or [`MYSQL_COMMIT_MODES`] order.
     pub modes: Vec<CommitRate>,
 }
 
@@ -98,6 +119,9 @@ pub struct CommitRate {
 pub struct RelayFigures {
     pub producers: usize,
     pub outbox_commits: OutboxCommits,
+    /// The same on MySQL/MariaDB: alone, beside a probing relay, beside one that follows the
+    /// binary log.
+    pub outbox_commits_mysql: OutboxCommits,
     /// Relay only, idle and wake-up latency: PostgreSQL, then MySQL/MariaDB.
     pub alone: Vec<crate::relay_alone::RelayAlone>,
     pub end_to_end_max: EndToEnd,
@@ -109,6 +133,8 @@ pub struct RelayFigures {
 /// (`poll`: the baseline a wake-up's cost is measured from), by the NOTIFY trigger in every
 /// producer's transaction (`trigger`), or by the WAL from a temporary logical slot (`wal`).
 pub const COMMIT_MODES: [&str; 4] = ["none", "poll", "trigger", "wal"];
+/// The modes on MySQL/MariaDB: alone, a probing relay, a relay following the binary log.
+pub const MYSQL_COMMIT_MODES: [&str; 3] = ["none", "poll", "binlog"];
 /// Rounds of the modes, taking turns.
 const COMMIT_ROUNDS: usize = 2;
 
@@ -140,17 +166,34 @@ impl OutboxCommits {
 /// they come in every mode but `none`, so its own work weighs on each alike.
 pub async fn outbox_commits(
     services: &Services,
+    engine: Engine,
     n: usize,
     logs: &Path,
 ) -> anyhow::Result<OutboxCommits> {
-    let world = World::create(services, "raw-outbox", PRODUCERS as u32 + 2).await?;
+    let label = match engine {
+        Engine::Postgres => "raw-outbox",
+        Engine::MySql => "raw-outbox-mysql",
+    };
+    let world = World::create_on(services, engine, label, PRODUCERS as u32 + 2).await?;
     let result = async {
-        let producer = |prefix: String| OutboxProducer {
-            pool: world.pg_pool().clone(),
-            prefix,
+        let producer = |prefix: String| -> Box<dyn Producer> {
+            match &world.db {
+                Database::Postgres(pool) => Box::new(OutboxProducer {
+                    pool: pool.clone(),
+                    prefix,
+                }),
+                Database::MySql(pool) => Box::new(MySqlOutboxProducer {
+                    pool: pool.clone(),
+                    prefix,
+                }),
+            }
         };
-        workload::backlog(&producer("warm".into()), PRODUCERS, PRODUCERS).await?;
-        let mut modes: Vec<CommitRate> = COMMIT_MODES
+        workload::backlog(&*producer("warm".into()), PRODUCERS, PRODUCERS).await?;
+        let names: &[&'static str] = match engine {
+            Engine::Postgres => &COMMIT_MODES,
+            Engine::MySql => &MYSQL_COMMIT_MODES,
+        };
+        let mut modes: Vec<CommitRate> = names
             .iter()
             .map(|&mode| CommitRate {
                 mode,
@@ -171,7 +214,7 @@ pub async fn outbox_commits(
                 };
                 let p = producer(format!("{}-{round}", m.mode));
                 let t = Instant::now();
-                workload::backlog(&p, n, PRODUCERS).await?;
+                workload::backlog(&*p, n, PRODUCERS).await?;
                 m.rounds.push(n as f64 / t.elapsed().as_secs_f64());
                 if let Some(relay) = relay {
                     m.paused_rounds += usize::from(relay.paused().await);
@@ -183,6 +226,10 @@ pub async fn outbox_commits(
             m.per_s = m.rounds.iter().sum::<f64>() / m.rounds.len().max(1) as f64;
         }
         anyhow::Ok(OutboxCommits {
+            engine: match engine {
+                Engine::Postgres => "PostgreSQL",
+                Engine::MySql => "MariaDB",
+            },
             n,
             producers: PRODUCERS,
             modes,
@@ -209,19 +256,21 @@ impl ModeRelay {
         round: usize,
         logs: &Path,
     ) -> anyhow::Result<Result<Option<ModeRelay>, String>> {
-        let trigger = if mode == "trigger" {
-            "ENABLE"
-        } else {
-            "DISABLE"
-        };
-        let sql = format!("ALTER TABLE mailroom_outbox {trigger} TRIGGER mailroom_outbox_notify");
-        sqlx::query(sqlx::AssertSqlSafe(sql))
-            .execute(world.pg_pool())
-            .await?;
+        if let Database::Postgres(pool) = &world.db {
+            let trigger = if mode == "trigger" {
+                "ENABLE"
+            } else {
+                "DISABLE"
+            };
+            let sql =
+                format!("ALTER TABLE mailroom_outbox {trigger} TRIGGER mailroom_outbox_notify");
+            sqlx::query(sqlx::AssertSqlSafe(sql)).execute(pool).await?;
+        }
         let (choice, reports) = match mode {
             "poll" => ("poll", "poll"),
             "trigger" => ("notify", "notify"),
             "wal" => ("auto", "wal"),
+            "binlog" => ("auto", "binlog"),
             _ => return Ok(Ok(None)),
         };
         let metrics = format!("127.0.0.1:{}", mailroom_test_kit::free_port());

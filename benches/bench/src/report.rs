@@ -7,7 +7,7 @@ use serde::Serialize;
 use crate::Results;
 use crate::latency::{Lat, ms};
 use crate::procstat::{self, CpuShare};
-use crate::relay::EndToEnd;
+use crate::relay::{EndToEnd, OutboxCommits};
 use crate::relay_alone::RelayAlone;
 
 /// The machine the figures come from.
@@ -352,15 +352,13 @@ fn commit_mode_text(mode: &str) -> &'static str {
         "poll" => "beside a relay that only probes (`--relay-wakeup poll`)",
         "trigger" => "beside a relay woken by the NOTIFY trigger in every transaction",
         "wal" => "beside a relay woken by the WAL from a temporary logical slot (no trigger)",
+        "binlog" => "beside a relay woken by the binary log (followed as a replica)",
         _ => "",
     }
 }
 
-/// End to end (outbox commit → SMTP accepted), relay only, relay idle.
-fn relay_rows(t: &mut String, r: &Results, limit_text: &str) {
-    let rel = &r.relay;
-    let max = &rel.end_to_end_max;
-    let c = &rel.outbox_commits;
+/// One engine's outbox commits: alone, and each wake-up's cost beside a relay.
+fn commit_rows(t: &mut String, c: &OutboxCommits) {
     for m in &c.modes {
         let figure = match &m.unavailable {
             Some(why) => format!("unavailable: {why}"),
@@ -380,17 +378,28 @@ fn relay_rows(t: &mut String, r: &Results, limit_text: &str) {
         });
         let _ = writeln!(
             t,
-            "| **{}** PostgreSQL: `outbox::enqueue` + COMMIT, one row per transaction, {} producers, {}: {} | – | {figure} | {cost} |",
+            "| **{}** {}: `outbox::enqueue` + COMMIT, one row per transaction, {} producers, {}: {} | – | {figure} | {cost} |",
             if m.mode == "none" {
                 "raw"
             } else {
                 "wake-up cost"
             },
+            c.engine,
             c.producers,
             m.mode,
             commit_mode_text(m.mode),
         );
     }
+}
+
+/// End to end (outbox commit → SMTP accepted), relay only, relay idle.
+fn relay_rows(t: &mut String, r: &Results, limit_text: &str) {
+    let rel = &r.relay;
+    let max = &rel.end_to_end_max;
+    for c in [&rel.outbox_commits, &rel.outbox_commits_mysql] {
+        commit_rows(t, c);
+    }
+    let c = &rel.outbox_commits;
     let (mut limit_text, mut limit) = (limit_text.to_string(), slowest(r, 1).1);
     let commits = c.rate("none");
     if commits > 0.0 && commits < limit {
