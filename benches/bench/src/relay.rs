@@ -14,7 +14,6 @@ use chrono::{DateTime, Utc};
 use futures_util::future::BoxFuture;
 use mailroom::db::{Database, Engine, outbox};
 use serde::Serialize;
-use sqlx::PgPool;
 
 use crate::latency::{Lat, Recorder};
 use crate::procstat::{CpuShare, Roles, Snapshot};
@@ -29,39 +28,29 @@ pub const PRODUCERS: usize = 32;
 const WARM: usize = 50;
 
 /// Commits job `i` into `mailroom_outbox` in a transaction of its own, as an application
-/// would (`mailroom::db::outbox::enqueue`); submitted = when COMMIT returned.
+/// would (`mailroom::db::outbox::enqueue`), on either engine; submitted = when COMMIT returned.
 pub struct OutboxProducer {
-    pub pool: PgPool,
+    pub db: Database,
     pub prefix: String,
 }
 
 impl Producer for OutboxProducer {
     fn submit(&self, i: usize) -> BoxFuture<'static, anyhow::Result<DateTime<Utc>>> {
-        let pool = self.pool.clone();
+        let db = self.db.clone();
         let job = workload::email_job(&self.prefix, i, Utc::now());
         Box::pin(async move {
-            let mut tx = pool.begin().await?;
-            outbox::enqueue(&mut tx, &job).await?;
-            tx.commit().await?;
-            Ok(Utc::now())
-        })
-    }
-}
-
-/// [`OutboxProducer`] on MySQL/MariaDB.
-pub struct MySqlOutboxProducer {
-    pub pool: sqlx::MySqlPool,
-    pub prefix: String,
-}
-
-impl Producer for MySqlOutboxProducer {
-    fn submit(&self, i: usize) -> BoxFuture<'static, anyhow::Result<DateTime<Utc>>> {
-        let pool = self.pool.clone();
-        let job = workload::email_job(&self.prefix, i, Utc::now());
-        Box::pin(async move {
-            let mut tx = pool.begin().await?;
-            outbox::enqueue(&mut tx, &job).await?;
-            tx.commit().await?;
+            match db {
+                Database::Postgres(pool) => {
+                    let mut tx = pool.begin().await?;
+                    outbox::enqueue(&mut tx, &job).await?;
+                    tx.commit().await?;
+                }
+                Database::MySql(pool) => {
+                    let mut tx = pool.begin().await?;
+                    outbox::enqueue(&mut tx, &job).await?;
+                    tx.commit().await?;
+                }
+            }
             Ok(Utc::now())
         })
     }
@@ -176,19 +165,11 @@ pub async fn outbox_commits(
     };
     let world = World::create_on(services, engine, label, PRODUCERS as u32 + 2).await?;
     let result = async {
-        let producer = |prefix: String| -> Box<dyn Producer> {
-            match &world.db {
-                Database::Postgres(pool) => Box::new(OutboxProducer {
-                    pool: pool.clone(),
-                    prefix,
-                }),
-                Database::MySql(pool) => Box::new(MySqlOutboxProducer {
-                    pool: pool.clone(),
-                    prefix,
-                }),
-            }
+        let producer = |prefix: String| OutboxProducer {
+            db: world.db.clone(),
+            prefix,
         };
-        workload::backlog(&*producer("warm".into()), PRODUCERS, PRODUCERS).await?;
+        workload::backlog(&producer("warm".into()), PRODUCERS, PRODUCERS).await?;
         let names: &[&'static str] = match engine {
             Engine::Postgres => &COMMIT_MODES,
             Engine::MySql => &MYSQL_COMMIT_MODES,
@@ -214,7 +195,7 @@ pub async fn outbox_commits(
                 };
                 let p = producer(format!("{}-{round}", m.mode));
                 let t = Instant::now();
-                workload::backlog(&*p, n, PRODUCERS).await?;
+                workload::backlog(&p, n, PRODUCERS).await?;
                 m.rounds.push(n as f64 / t.elapsed().as_secs_f64());
                 if let Some(relay) = relay {
                     m.paused_rounds += usize::from(relay.paused().await);
@@ -354,7 +335,7 @@ async fn end_to_end_in(
     n: usize,
 ) -> anyhow::Result<EndToEnd> {
     let producer = |prefix: &str| OutboxProducer {
-        pool: world.pg_pool().clone(),
+        db: world.db.clone(),
         prefix: prefix.into(),
     };
     let mut pg = world.pg().await?;
