@@ -11,7 +11,7 @@
 //! not allow that, `LISTEN/NOTIFY` from the outbox trigger, which notifies only when no other
 //! row is waiting, because NOTIFY serialises commits; on MySQL/MariaDB the binary log. Without
 //! a source, the probes alone, up to `poll_max` ([`wakeup`]). Every source is opened before
-//! the first scan, so nothing committed in between is missed. The WAL stream pauses while
+//! the first scan, so nothing committed in between is missed. Either stream pauses while
 //! outbox commits come faster than it pays ([`wal::PAUSE_ABOVE`] a second): the relay probes
 //! every `poll_min` meanwhile, and opens the stream again once probes find nothing.
 //! On both engines an enqueue made in the same process (the HTTP API of `mailroom run`) wakes
@@ -97,9 +97,9 @@ pub struct RelaySettings {
     pub database_url: Option<SecretUrl>,
     /// The best wake-up source to try (it falls back from there).
     pub wakeup: WakeupChoice,
-    /// Outbox commits a second from which the WAL stream pauses (0: never);
+    /// Outbox commits a second from which the WAL or binary log stream pauses (0: never);
     /// [`wal::PAUSE_ABOVE`] by default.
-    pub wal_pause_above: u32,
+    pub stream_pause_above: u32,
 }
 
 /// What the relay did, for tests, the benchmark and metrics.
@@ -128,7 +128,7 @@ pub struct RelayStats {
     pub sessions: AtomicU64,
     /// The [`WakeupMode`] of the current session.
     pub wakeup_mode: AtomicU8,
-    /// Whether the session's WAL stream is paused: outbox rows come faster than it pays, and
+    /// Whether the session's WAL or binary log stream is paused: outbox rows come faster than it pays, and
     /// the relay probes instead ([`wal::PAUSE_ABOVE`](crate::relay::wal::PAUSE_ABOVE)).
     pub wakeup_paused: AtomicBool,
 }

@@ -34,11 +34,12 @@ pub struct RelayOptions {
     /// never the WAL); `poll`. Each relay says at startup which one runs and why.
     #[arg(long, env = "MAILROOM_RELAY_WAKEUP", value_enum, default_value_t = WakeupChoice::Auto)]
     pub relay_wakeup: WakeupChoice,
-    /// PostgreSQL: outbox commits a second from which the relay pauses its WAL stream and probes
-    /// every --relay-poll-min instead, until the outbox is quiet; 0 never pauses. The server
-    /// decodes every transaction of the database for the stream, on the producers' cores.
-    #[arg(long, env = "MAILROOM_RELAY_WAL_PAUSE_ABOVE", default_value_t = crate::relay::wal::PAUSE_ABOVE)]
-    pub relay_wal_pause_above: u32,
+    /// Outbox commits a second from which the relay pauses its stream (the WAL or the binary
+    /// log) and probes every --relay-poll-min instead, until the outbox is quiet; 0 never
+    /// pauses. The server decodes or sends every transaction for the stream, on the producers'
+    /// cores.
+    #[arg(long, env = "MAILROOM_RELAY_STREAM_PAUSE_ABOVE", default_value_t = crate::relay::wal::PAUSE_ABOVE)]
+    pub relay_stream_pause_above: u32,
     /// Published outbox rows older than this are deleted (in batches of 1,000).
     #[arg(long, env = "MAILROOM_OUTBOX_RETENTION", default_value = "7d", value_parser = config::parse_duration)]
     pub outbox_retention: Duration,
@@ -55,7 +56,7 @@ impl RelayOptions {
             poll_max: self.relay_poll_max,
             outbox_retention: self.outbox_retention,
             wakeup: self.relay_wakeup,
-            wal_pause_above: self.relay_wal_pause_above,
+            stream_pause_above: self.relay_stream_pause_above,
         }
     }
 }

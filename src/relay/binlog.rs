@@ -8,24 +8,28 @@
 //! committed in between. An idle stream costs no round trip; the server sends a heartbeat every
 //! [`HEARTBEAT`] while nothing is written, so a connection that died silently is noticed.
 //!
+//! The stream is a wake-up for a relay that waits, and it is not free: the server's dump
+//! thread reads and sends every event of the binary log, every table's, on the cores the
+//! producers commit on. So when outbox commits come faster than `--relay-stream-pause-above`
+//! ([`super::follower::PAUSE_ABOVE`] a second) the relay closes it and probes the outbox every
+//! `poll_min`, which then finds rows nearly every time; once the outbox has been quiet for a
+//! few probes it opens the stream again at the current position ([`follow`]).
+//!
 //! What it needs (checked at startup, see [`Unavailable`]): the binary log on, in `ROW`
 //! format, and the privileges `REPLICATION SLAVE` plus `REPLICATION CLIENT` (MySQL) or
 //! `BINLOG MONITOR` (MariaDB 10.5+). Without them the relay polls, as before.
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
 use mysql_async::prelude::Queryable;
 use mysql_async::{BinlogStream, BinlogStreamRequest, Conn, Opts, OptsBuilder, SslOpts};
 use sqlx::mysql::{MySqlConnectOptions, MySqlSslMode};
-use tokio::sync::mpsc;
-use tokio_util::sync::CancellationToken;
 
 use crate::config::SecretUrl;
 
-use super::follower::{Follower, reopen};
+use super::follower::{CommitRate, Ended, Feed, Follower, reopen};
 use super::wakeup::Woken;
 
 /// The table whose inserts wake the relay.
@@ -88,19 +92,14 @@ struct Source {
 /// Checks the server's settings and the user's privileges, opens the stream at the current
 /// position and starts following it. Anything committed before this returns is the first
 /// scan's to find.
-pub(super) async fn start(url: &SecretUrl) -> Result<Follower, Unavailable> {
+/// Outbox commits faster than `pause_above` a second pause the stream (0: never).
+pub(super) async fn start(url: &SecretUrl, pause_above: u32) -> Result<Follower, Unavailable> {
     let source = Source::new(url)?;
     let (stream, schema) = source.open().await?;
     let server_id = source.server_id;
-    let follower = Follower::spawn("the binary log", |f| {
-        follow(
-            source,
-            stream,
-            OutboxWrites::new(schema),
-            f.tx,
-            f.live,
-            f.stop,
-        )
+    let follower = Follower::spawn("the binary log", |feed| {
+        let writes = OutboxWrites::new(schema);
+        follow(source, stream, writes, CommitRate::new(pause_above), feed)
     });
     tracing::info!(server_id, "following the binary log for outbox inserts");
     Ok(follower)
@@ -259,16 +258,28 @@ fn ssl_opts(mode: MySqlSslMode, url: &SecretUrl) -> Option<SslOpts> {
 
 /// Reads the stream until `stop`, waking the relay after each committed outbox insert, and
 /// reopens it at the current position (then asks for one rescan) when it is lost.
+///
+/// When outbox commits come faster than `rate`'s threshold the stream is closed and the relay
+/// probes at its fastest until [`super::follower::QUIET_PROBES`] empty probes in a row; the
+/// stream is then opened again at the current position, and the next probe finds whatever was
+/// committed in between. No row depends on the stream in either state.
 async fn follow(
     source: Source,
     mut stream: BinlogStream,
     mut writes: OutboxWrites,
-    woken: mpsc::Sender<Woken>,
-    live: Arc<AtomicBool>,
-    stop: CancellationToken,
+    rate: CommitRate,
+    feed: Feed,
 ) {
+    let Feed {
+        tx: woken,
+        live,
+        paused,
+        stop,
+        ..
+    } = &feed;
     loop {
-        let lost = loop {
+        let mut rate = rate.restart();
+        let ended = loop {
             let next = tokio::select! {
                 _ = stop.cancelled() => {
                     let _ = tokio::time::timeout(OPEN_TIMEOUT, stream.close()).await;
@@ -280,19 +291,51 @@ async fn follow(
                 Ok(Some(Ok(event))) => {
                     if writes.on_event(&stream, &event) {
                         let _ = woken.try_send(Woken::Event);
+                        if rate.commit(Instant::now()) {
+                            break Ended::Busy;
+                        }
                     }
                 }
-                Ok(Some(Err(e))) => break e.to_string(),
-                Ok(None) => break "the server ended the stream".to_string(),
-                Err(_) => break format!("nothing, not even a heartbeat, for {SILENCE_LIMIT:?}"),
+                Ok(Some(Err(e))) => break Ended::Lost(e.to_string()),
+                Ok(None) => break Ended::Lost("the server ended the stream".to_string()),
+                Err(_) => {
+                    let silence = format!("nothing, not even a heartbeat, for {SILENCE_LIMIT:?}");
+                    break Ended::Lost(silence);
+                }
             }
+        };
+        let lost = match ended {
+            Ended::Busy => {
+                let close = async {
+                    let _ = tokio::time::timeout(OPEN_TIMEOUT, stream.close()).await;
+                };
+                if !feed
+                    .pause("the binary log stream", rate.pause_above, close)
+                    .await
+                {
+                    return;
+                }
+                let opened = source.open().await;
+                paused.store(false, Ordering::Relaxed);
+                match opened {
+                    Ok((opened, _)) => {
+                        stream = opened;
+                        writes.reset();
+                        tracing::info!("the outbox went quiet: binary log stream open again");
+                        let _ = woken.try_send(Woken::Event);
+                        continue;
+                    }
+                    Err(e) => e.to_string(),
+                }
+            }
+            Ended::Lost(cause) => cause,
         };
         live.store(false, Ordering::Relaxed);
         tracing::warn!(
             cause = lost,
             "binary log stream lost; reopening it at the current position"
         );
-        let Some((reopened, _)) = reopen("the binary log stream", &stop, || source.open()).await
+        let Some((reopened, _)) = reopen("the binary log stream", stop, || source.open()).await
         else {
             return;
         };

@@ -6,6 +6,7 @@ use std::fmt::Display;
 use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
 
 use tokio::sync::{Notify, mpsc};
 use tokio_util::sync::{CancellationToken, DropGuard};
@@ -25,6 +26,32 @@ pub(super) struct Feed {
     pub paused: Arc<AtomicBool>,
     pub quiet: Arc<Notify>,
     pub stop: CancellationToken,
+}
+
+impl Feed {
+    /// Pauses the stream: outbox commits came faster than `pause_above` a second
+    /// ([`Ended::Busy`]). Marks it paused, so the relay probes at its fastest, closes it with
+    /// `close`, wakes the relay (asleep on its long ceiling, it picks up the short one) and
+    /// waits until the relay's probes find the outbox quiet ([`Follower::probed`]). False once
+    /// stopped. The caller then opens a new stream and clears `paused`.
+    pub async fn pause(
+        &self,
+        stream: &str,
+        pause_above: u32,
+        close: impl Future<Output = ()>,
+    ) -> bool {
+        self.paused.store(true, Ordering::Relaxed);
+        close.await;
+        let _ = self.tx.try_send(Woken::Event);
+        tracing::info!(
+            "outbox commits come faster than {pause_above}/s: {stream} closed, the relay probes \
+             the outbox until it goes quiet"
+        );
+        tokio::select! {
+            _ = self.stop.cancelled() => false,
+            _ = self.quiet.notified() => true,
+        }
+    }
 }
 
 /// A running follower: a task that reads the stream and reopens it, and the wake-ups it sends.
@@ -118,6 +145,65 @@ impl Follower {
     }
 }
 
+/// Outbox commits a second from which the relay closes its stream and probes instead
+/// (`--relay-stream-pause-above`). A stream is not free: PostgreSQL decodes each transaction
+/// of the database for the slot (some 20 µs of server CPU on this project's bench machine, and
+/// 10 µs in the relay), and MariaDB's dump thread reads and sends every event of the binary
+/// log. At 1,000 outbox commits a second that is a few per cent of one core, taken from the
+/// producers when they fill the cores. Above that rate a probe every `poll_min` (10 ms) finds
+/// ten rows or more, so the stream saves no latency worth its cost; below it, the stream keeps
+/// commit → published at a few milliseconds.
+pub const PAUSE_ABOVE: u32 = 1_000;
+/// The window the threshold is counted in.
+const RATE_WINDOW: Duration = Duration::from_secs(1);
+
+/// Counts outbox commits in windows of [`RATE_WINDOW`], each starting at its first commit.
+#[derive(Clone, Copy)]
+pub(super) struct CommitRate {
+    /// Commits within one window that pause the stream; 0: never.
+    pub pause_above: u32,
+    since: Option<Instant>,
+    commits: u32,
+}
+
+impl CommitRate {
+    pub fn new(pause_above: u32) -> CommitRate {
+        CommitRate {
+            pause_above,
+            since: None,
+            commits: 0,
+        }
+    }
+
+    /// The same threshold, counting from zero (a new stream).
+    pub fn restart(self) -> CommitRate {
+        CommitRate::new(self.pause_above)
+    }
+
+    /// One outbox commit seen at `now`; true once the threshold came within one window.
+    pub fn commit(&mut self, now: Instant) -> bool {
+        if self.pause_above == 0 {
+            return false;
+        }
+        match self.since {
+            Some(since) if now.saturating_duration_since(since) < RATE_WINDOW => {}
+            _ => {
+                self.since = Some(now);
+                self.commits = 0;
+            }
+        }
+        self.commits += 1;
+        self.commits >= self.pause_above
+    }
+}
+
+/// Why the stream was left.
+pub(super) enum Ended {
+    /// Outbox commits came faster than the pause threshold.
+    Busy,
+    Lost(String),
+}
+
 /// Reopens a follower's stream with `open`, with capped exponential backoff between tries;
 /// `None` once `stop` is cancelled. `stream` names it in the log (`the WAL`).
 pub(super) async fn reopen<T, E, F, Fut>(
@@ -183,5 +269,36 @@ mod tests {
         follower.probed(false);
         assert_eq!(heard.recv().await, Some(()));
         follower.close().await;
+    }
+
+    #[test]
+    fn the_stream_pauses_at_the_commit_that_makes_the_rate_within_one_window() {
+        let t0 = Instant::now();
+        let mut rate = CommitRate::new(PAUSE_ABOVE);
+        let step = RATE_WINDOW / PAUSE_ABOVE;
+        for i in 0..PAUSE_ABOVE - 1 {
+            assert!(!rate.commit(t0 + step * i), "commit {i} of one window");
+        }
+        assert!(rate.commit(t0 + step * (PAUSE_ABOVE - 1)));
+    }
+
+    #[test]
+    fn commits_spread_over_more_than_a_window_do_not_pause_the_stream() {
+        let t0 = Instant::now();
+        let mut rate = CommitRate::new(PAUSE_ABOVE);
+        // Just under the rate, for ten windows in a row.
+        let step = RATE_WINDOW / (PAUSE_ABOVE - 1) + Duration::from_micros(1);
+        for i in 0..PAUSE_ABOVE * 10 {
+            assert!(!rate.commit(t0 + step * i), "commit {i}");
+        }
+    }
+
+    #[test]
+    fn a_threshold_of_zero_never_pauses_the_stream() {
+        let t0 = Instant::now();
+        let mut rate = CommitRate::new(0);
+        for i in 0..100_000 {
+            assert!(!rate.commit(t0 + Duration::from_nanos(i)));
+        }
     }
 }

@@ -115,7 +115,7 @@ impl Wakeup {
                 else {
                     return Ok(Wakeup::Poll);
                 };
-                match binlog::start(url).await {
+                match binlog::start(url, settings.stream_pause_above).await {
                     Ok(follower) => Ok(Wakeup::Binlog(follower)),
                     Err(why @ Unavailable::Unreachable(_)) => Err(why.into()),
                     Err(why) => {
@@ -137,10 +137,12 @@ impl Wakeup {
     }
 
     /// The longest wait between probes of an idle outbox: long while a source is connected,
-    /// `poll_min` while the WAL stream is paused because rows come faster than it pays.
+    /// `poll_min` while its stream is paused because rows come faster than it pays.
     pub fn ceiling(&self, settings: &RelaySettings) -> Duration {
+        if self.paused() {
+            return settings.poll_min;
+        }
         match self {
-            Wakeup::Wal(follower) if follower.paused() => settings.poll_min,
             Wakeup::Notify(_) => settings.poll_interval,
             Wakeup::Binlog(follower) if follower.live() => settings.poll_interval,
             Wakeup::Wal(follower) if follower.live() => settings.poll_interval,
@@ -148,15 +150,15 @@ impl Wakeup {
         }
     }
 
-    /// Whether the source is paused: the WAL stream, closed while outbox rows come faster than
-    /// it pays ([`wal::PAUSE_ABOVE`]).
+    /// Whether the source is paused: the WAL or binary log stream, closed while outbox rows
+    /// come faster than it pays ([`super::follower::PAUSE_ABOVE`]).
     pub fn paused(&self) -> bool {
-        matches!(self, Wakeup::Wal(follower) if follower.paused())
+        matches!(self, Wakeup::Wal(f) | Wakeup::Binlog(f) if f.paused())
     }
 
     /// What a probe of the idle outbox found: empty probes in a row reopen a paused stream.
     pub fn probed(&mut self, found: bool) {
-        if let Wakeup::Wal(follower) = self {
+        if let Wakeup::Wal(follower) | Wakeup::Binlog(follower) = self {
             follower.probed(found);
         }
     }
@@ -207,7 +209,7 @@ fn log_fallback(why: &Unavailable, poll_max: Duration) {
 async fn open_postgres(pool: &PgPool, settings: &RelaySettings) -> anyhow::Result<Wakeup> {
     let why_not_wal = match (&settings.database_url, settings.wakeup) {
         (Some(url), WakeupChoice::Auto) => {
-            match wal::start(pool, url, settings.wal_pause_above).await {
+            match wal::start(pool, url, settings.stream_pause_above).await {
                 Ok(follower) => {
                     log_wal_with_trigger(pool).await;
                     return Ok(Wakeup::Wal(follower));

@@ -13,7 +13,7 @@
 //!
 //! The stream is a wake-up for a relay that waits, and it is not free: the server decodes
 //! every transaction of the database for the slot, on the cores the producers commit on. So
-//! when outbox commits come faster than `--relay-wal-pause-above` ([`PAUSE_ABOVE`] a second)
+//! when outbox commits come faster than `--relay-stream-pause-above` ([`PAUSE_ABOVE`] a second)
 //! the relay closes it and probes the outbox every `poll_min`, which then finds rows nearly
 //! every time; once the outbox has been quiet for a few probes it opens a new slot
 //! ([`follow`]).
@@ -39,7 +39,8 @@ use sqlx::postgres::{PgConnectOptions, PgSslMode};
 
 use crate::config::SecretUrl;
 
-use super::follower::{Feed, Follower, reopen};
+pub use super::follower::PAUSE_ABOVE;
+use super::follower::{CommitRate, Ended, Feed, Follower, reopen};
 use super::wakeup::Woken;
 use super::wal_tls::{self, Policy};
 
@@ -262,9 +263,9 @@ async fn follow(source: Source, mut client: ReplicationClient, rate: CommitRate,
         tx: woken,
         live,
         paused,
-        quiet,
         stop,
-    } = feed;
+        ..
+    } = &feed;
     tracing::info!("following the WAL for outbox inserts (a temporary logical slot)");
     loop {
         let mut commits = OutboxCommits::default();
@@ -292,19 +293,12 @@ async fn follow(source: Source, mut client: ReplicationClient, rate: CommitRate,
         };
         let lost = match ended {
             Ended::Busy => {
-                paused.store(true, Ordering::Relaxed);
-                let _ = tokio::time::timeout(OPEN_TIMEOUT, client.shutdown()).await;
-                client.abort();
-                // A relay asleep on the long ceiling picks up the short one.
-                let _ = woken.try_send(Woken::Event);
-                tracing::info!(
-                    "outbox commits come faster than {}/s: WAL stream closed, the relay probes \
-                     the outbox until it goes quiet",
-                    rate.pause_above
-                );
-                tokio::select! {
-                    _ = stop.cancelled() => return,
-                    _ = quiet.notified() => {}
+                let close = async {
+                    let _ = tokio::time::timeout(OPEN_TIMEOUT, client.shutdown()).await;
+                    client.abort();
+                };
+                if !feed.pause("the WAL stream", rate.pause_above, close).await {
+                    return;
                 }
                 let opened = source.open().await;
                 paused.store(false, Ordering::Relaxed);
@@ -325,70 +319,13 @@ async fn follow(source: Source, mut client: ReplicationClient, rate: CommitRate,
         };
         live.store(false, Ordering::Relaxed);
         tracing::warn!(cause = lost, "WAL stream lost; opening a new slot");
-        let Some(reopened) = reopen("the WAL stream", &stop, || source.open()).await else {
+        let Some(reopened) = reopen("the WAL stream", stop, || source.open()).await else {
             return;
         };
         client = reopened;
         live.store(true, Ordering::Relaxed);
         tracing::info!("WAL stream reopened; rescanning the outbox");
         let _ = woken.try_send(Woken::Resumed);
-    }
-}
-
-/// Why the stream was left.
-enum Ended {
-    /// Outbox commits came faster than the pause threshold.
-    Busy,
-    Lost(String),
-}
-
-/// Outbox commits a second from which the relay closes its stream and probes instead
-/// (`--relay-wal-pause-above`). Each transaction the slot decodes costs the server some 20 µs
-/// of CPU and the relay some 10 µs on this project's bench machine: 1,000 a second are 3 % of
-/// one core, taken from the producers when they fill the cores. Above that rate a probe every
-/// `poll_min` (10 ms) finds ten rows or more, so the stream saves no latency worth its cost;
-/// below it, the stream keeps commit → published at a few milliseconds.
-pub const PAUSE_ABOVE: u32 = 1_000;
-/// The window the threshold is counted in.
-const RATE_WINDOW: Duration = Duration::from_secs(1);
-
-/// Counts outbox commits in windows of [`RATE_WINDOW`], each starting at its first commit.
-#[derive(Clone, Copy)]
-pub(super) struct CommitRate {
-    /// Commits within one window that pause the stream; 0: never.
-    pause_above: u32,
-    since: Option<Instant>,
-    commits: u32,
-}
-
-impl CommitRate {
-    pub fn new(pause_above: u32) -> CommitRate {
-        CommitRate {
-            pause_above,
-            since: None,
-            commits: 0,
-        }
-    }
-
-    /// The same threshold, counting from zero (a new stream).
-    fn restart(self) -> CommitRate {
-        CommitRate::new(self.pause_above)
-    }
-
-    /// One outbox commit seen at `now`; true once the threshold came within one window.
-    pub fn commit(&mut self, now: Instant) -> bool {
-        if self.pause_above == 0 {
-            return false;
-        }
-        match self.since {
-            Some(since) if now.saturating_duration_since(since) < RATE_WINDOW => {}
-            _ => {
-                self.since = Some(now);
-                self.commits = 0;
-            }
-        }
-        self.commits += 1;
-        self.commits >= self.pause_above
     }
 }
 
@@ -501,37 +438,6 @@ mod tests {
             Source::new(&with_cert.parse().unwrap()),
             Err(Unavailable::Tls(_))
         ));
-    }
-
-    #[test]
-    fn the_stream_pauses_at_the_commit_that_makes_the_rate_within_one_window() {
-        let t0 = Instant::now();
-        let mut rate = CommitRate::new(PAUSE_ABOVE);
-        let step = RATE_WINDOW / PAUSE_ABOVE;
-        for i in 0..PAUSE_ABOVE - 1 {
-            assert!(!rate.commit(t0 + step * i), "commit {i} of one window");
-        }
-        assert!(rate.commit(t0 + step * (PAUSE_ABOVE - 1)));
-    }
-
-    #[test]
-    fn commits_spread_over_more_than_a_window_do_not_pause_the_stream() {
-        let t0 = Instant::now();
-        let mut rate = CommitRate::new(PAUSE_ABOVE);
-        // Just under the rate, for ten windows in a row.
-        let step = RATE_WINDOW / (PAUSE_ABOVE - 1) + Duration::from_micros(1);
-        for i in 0..PAUSE_ABOVE * 10 {
-            assert!(!rate.commit(t0 + step * i), "commit {i}");
-        }
-    }
-
-    #[test]
-    fn a_threshold_of_zero_never_pauses_the_stream() {
-        let t0 = Instant::now();
-        let mut rate = CommitRate::new(0);
-        for i in 0..100_000 {
-            assert!(!rate.commit(t0 + Duration::from_nanos(i)));
-        }
     }
 
     #[test]

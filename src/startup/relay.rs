@@ -26,8 +26,8 @@ pub struct RelayTuning {
     pub outbox_retention: Duration,
     /// The best wake-up source to try.
     pub wakeup: WakeupChoice,
-    /// Outbox commits a second that pause the WAL stream (0: never).
-    pub wal_pause_above: u32,
+    /// Outbox commits a second that pause the WAL or binary log stream (0: never).
+    pub stream_pause_above: u32,
 }
 
 /// What `mailroom relay` needs.
@@ -84,7 +84,7 @@ pub fn build_relay(
         // The WAL (src/relay/wal.rs) or the binary log (src/relay/binlog.rs) wakes the relay.
         database_url: Some(database_url.clone()),
         wakeup: tuning.wakeup,
-        wal_pause_above: tuning.wal_pause_above,
+        stream_pause_above: tuning.stream_pause_above,
     };
     Ok(Relay::new(settings, db))
 }

@@ -5,6 +5,7 @@
 
 use mailroom::db::Engine;
 use mailroom::relay::WakeupMode;
+use sqlx::MySqlPool;
 
 use crate::helpers::*;
 
@@ -84,6 +85,38 @@ async fn rows_after_a_binary_log_rotation_still_wake_the_relay() {
 }
 
 /// `app`'s database URL with another user.
+/// Outbox commits faster than `--relay-stream-pause-above` make the relay close its binary log
+/// stream: the server's dump thread for it ends (nothing reads and sends the producers'
+/// transactions) while the relay probes and publishes every row. Once the producers stop and
+/// the outbox is quiet, the relay opens the stream again, and it wakes the relay for the next
+/// commits.
+#[tokio::test]
+async fn a_burst_of_commits_pauses_the_binary_log_stream_and_a_quiet_outbox_opens_it_again() {
+    if !runs_on(Engine::MySql, WHY) {
+        return;
+    }
+    let app = TestApp::spawn().await;
+    let relay = app.start_relay(&RELAY_PAUSES_AT_100);
+    relay.wait_started().await;
+    assert_eq!(relay.stats.wakeup_mode(), WakeupMode::Binlog);
+    let db = MySqlPool::connect(&app.db_url).await.unwrap();
+    // The relay's stream connects to the test's own database, as its pool does.
+    let dump_threads = || async {
+        sqlx::query_scalar::<_, i64>(
+            "SELECT count(*) FROM information_schema.processlist
+             WHERE db = DATABASE() AND command = 'Binlog Dump'",
+        )
+        .fetch_one(&db)
+        .await
+        .unwrap()
+    };
+    relay
+        .pauses_under_a_burst_and_reopens(&app, "binary log", dump_threads)
+        .await;
+    relay.stop().await;
+    assert_eq!(app.unpublished().await, 0);
+}
+
 fn url_as(app: &TestApp, user: &str, password: &str) -> String {
     let mut url = url::Url::parse(&app.db_url).unwrap();
     url.set_username(user).unwrap();

@@ -294,8 +294,8 @@ async fn relay_slots(db: &PgPool) -> i64 {
     .unwrap()
 }
 
-/// Outbox commits faster than `--relay-wal-pause-above` make the relay close its WAL stream: the
-/// server no longer lists its slot (nothing decodes the producers' transactions) while the
+/// Outbox commits faster than `--relay-stream-pause-above` make the relay close its WAL stream:
+/// the server no longer lists its slot (nothing decodes the producers' transactions) while the
 /// relay probes and publishes every row. Once the producers stop and the outbox is quiet, the
 /// relay opens a new slot, and its stream wakes the relay for the next commits.
 #[tokio::test]
@@ -303,81 +303,13 @@ async fn a_burst_of_commits_pauses_the_wal_stream_and_a_quiet_outbox_opens_it_ag
     let Some(app) = app_on_logical_server().await else {
         return;
     };
-    let relay = app.start_relay(&[
-        "--relay-poll-min",
-        "10ms",
-        "--relay-poll",
-        "1h",
-        "--relay-poll-max",
-        "1h",
-        // Well below what 16 producers commit on any machine the suite runs on.
-        "--relay-wal-pause-above",
-        "100",
-    ]);
+    let relay = app.start_relay(&RELAY_PAUSES_AT_100);
     relay.wait_started().await;
     assert_eq!(relay.stats.wakeup_mode(), WakeupMode::Wal);
     let db = pool(&app).await;
-    assert_eq!(
-        relay_slots(&db).await,
-        1,
-        "the relay's slot before the burst"
-    );
-    let paused = |relay: &RunningRelay| {
-        relay
-            .stats
-            .wakeup_paused
-            .load(std::sync::atomic::Ordering::Relaxed)
-    };
-
-    // Producers commit single rows as fast as they can until the pause is seen.
-    let stop = tokio_util::sync::CancellationToken::new();
-    let producers: Vec<_> = (0..16)
-        .map(|p| {
-            let (db, stop) = (app.db.clone(), stop.clone());
-            let job = |i: u32| app.email_job(&format!("burst-{p}-{i}"));
-            let jobs: Vec<_> = (0..5_000).map(job).collect();
-            tokio::spawn(async move {
-                let mut committed = 0u64;
-                for job in jobs {
-                    if stop.is_cancelled() {
-                        break;
-                    }
-                    db.enqueue(&job).await.unwrap();
-                    committed += 1;
-                }
-                committed
-            })
-        })
-        .collect();
-    eventually(
-        "the relay paused its WAL stream and dropped its slot",
-        || async { (paused(&relay) && relay_slots(&db).await == 0).then_some(()) },
-    )
-    .await;
-    stop.cancel();
-    let mut committed = 0;
-    for producer in producers {
-        committed += producer.await.unwrap();
-    }
-    assert!(committed >= 100, "{committed} rows committed in the burst");
-    relay.wait_published(committed).await;
-
-    eventually(
-        "the quiet outbox made the relay open a new slot",
-        || async { (!paused(&relay) && relay_slots(&db).await == 1).then_some(()) },
-    )
-    .await;
-    // The first row after the reopen may be found by the rescan that follows it; the second
-    // only by the new stream (a probe does not count as a wake-up).
-    for (i, name) in ["after-the-reopen", "woken-by-the-new-stream"]
-        .iter()
-        .enumerate()
-    {
-        let woken = relay.count(|s| &s.woken);
-        app.enqueue(&app.email_job(name)).await.unwrap();
-        relay.wait_woken(woken + 1, "WAL").await;
-        relay.wait_published(committed + i as u64 + 1).await;
-    }
+    relay
+        .pauses_under_a_burst_and_reopens(&app, "WAL", || relay_slots(&db))
+        .await;
     relay.stop().await;
     assert_eq!(app.unpublished().await, 0);
 }

@@ -323,6 +323,20 @@ pub const RELAY_NO_PROBES: [&str; 6] = [
     "1h",
 ];
 
+/// A relay that pauses its stream from 100 outbox commits a second (well below what 16
+/// producers commit on any machine the suite runs on) and probes every 10 ms meanwhile; it
+/// does not probe an idle outbox, so its stream must wake it.
+pub const RELAY_PAUSES_AT_100: [&str; 8] = [
+    "--relay-poll-min",
+    "10ms",
+    "--relay-poll",
+    "1h",
+    "--relay-poll-max",
+    "1h",
+    "--relay-stream-pause-above",
+    "100",
+];
+
 impl RunningRelay {
     pub fn published(&self) -> u64 {
         self.count(|s| &s.published)
@@ -357,6 +371,83 @@ impl RunningRelay {
             (self.published() >= n).then_some(())
         })
         .await;
+    }
+
+    /// Whether the relay's stream is paused (the gauge `mailroom_relay_wakeup_paused`).
+    pub fn paused(&self) -> bool {
+        self.stats
+            .wakeup_paused
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// The stream's pause, end to end, for a relay started with [`RELAY_PAUSES_AT_100`]: 16
+    /// producers commit single outbox rows as fast as they can until the relay has paused
+    /// its stream and `streams` (the server's count of this test's streams: slots, dump
+    /// threads) says the server no longer serves it. Every row is then published; the quiet
+    /// outbox makes the relay open one stream again; of two rows committed after that, the
+    /// second can only have been seen through the new stream (the first may be the rescan's).
+    /// `source` names the stream in a failure.
+    pub async fn pauses_under_a_burst_and_reopens<F, Fut>(
+        &self,
+        app: &TestApp,
+        source: &str,
+        streams: F,
+    ) where
+        F: Fn() -> Fut,
+        Fut: std::future::Future<Output = i64>,
+    {
+        assert!(!self.paused(), "paused before the burst");
+        assert_eq!(
+            streams().await,
+            1,
+            "the relay's {source} stream before the burst"
+        );
+        let stop = CancellationToken::new();
+        let producers: Vec<_> = (0..16)
+            .map(|p| {
+                let (db, stop) = (app.db.clone(), stop.clone());
+                let job = |i: u32| app.email_job(&format!("burst-{p}-{i}"));
+                let jobs: Vec<_> = (0..5_000).map(job).collect();
+                tokio::spawn(async move {
+                    let mut committed = 0u64;
+                    for job in jobs {
+                        if stop.is_cancelled() {
+                            break;
+                        }
+                        db.enqueue(&job).await.unwrap();
+                        committed += 1;
+                    }
+                    committed
+                })
+            })
+            .collect();
+        eventually(
+            &format!("the relay paused its {source} stream and the server dropped it"),
+            || async { (self.paused() && streams().await == 0).then_some(()) },
+        )
+        .await;
+        stop.cancel();
+        let mut committed = 0;
+        for producer in producers {
+            committed += producer.await.unwrap();
+        }
+        assert!(committed >= 100, "{committed} rows committed in the burst");
+        self.wait_published(committed).await;
+
+        eventually(
+            &format!("the quiet outbox made the relay open its {source} stream again"),
+            || async { (!self.paused() && streams().await == 1).then_some(()) },
+        )
+        .await;
+        for (i, name) in ["after-the-reopen", "woken-by-the-new-stream"]
+            .iter()
+            .enumerate()
+        {
+            let woken = self.count(|s| &s.woken);
+            app.enqueue(&app.email_job(name)).await.unwrap();
+            self.wait_woken(woken + 1, source).await;
+            self.wait_published(committed + i as u64 + 1).await;
+        }
     }
 }
 
