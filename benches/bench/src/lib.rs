@@ -177,6 +177,10 @@ pub fn main(mailroom: Mailroom) -> anyhow::Result<()> {
         .block_on(run(opts))
 }
 
+/// The rate offered to a worker that sends to the test suite's Python SMTP recorder: one that
+/// server keeps up with (it writes and fsyncs every message).
+const RECORDER_RATE: f64 = 200.0;
+
 fn step(what: &str) {
     eprintln!("bench: {what}");
 }
@@ -256,6 +260,26 @@ async fn run(opts: Opts) -> anyhow::Result<()> {
         run.label = label;
         paced_runs.push(run);
     }
+    let n = ((RECORDER_RATE * opts.paced_secs).round() as usize).max(10);
+    step(&format!(
+        "worker path at {RECORDER_RATE:.0}/s into the test suite's Python SMTP recorder ({n} jobs)"
+    ));
+    let recorder = SmtpSink::python_recorder(&logs.join("smtp-recorder")).await?;
+    let run = workers::paced(
+        &services,
+        &recorder,
+        "paced-recorder",
+        RECORDER_RATE,
+        n,
+        &logs,
+    )
+    .await;
+    recorder.stop().await;
+    let mut run = run?;
+    run.label = format!(
+        "{RECORDER_RATE:.0}/s into the Python SMTP recorder (aiosmtpd, an fsync per message)"
+    );
+    paced_runs.push(run);
 
     let commits_n = opts.floor_n * 30;
     step(&format!(

@@ -99,7 +99,7 @@ pub struct CommitRate {
     pub rounds: Vec<f64>,
     /// Why the mode could not be measured, if it could not.
     pub unavailable: Option<String>,
-    /// `wal`: in how many rounds the relay had paused its stream when the producers were done
+    /// `wal`, `binlog`: in how many rounds the relay had paused its stream when the producers were done
     /// (`mailroom_relay_wakeup_paused`).
     pub paused_rounds: usize,
 }
@@ -287,7 +287,7 @@ impl ModeRelay {
         Ok(Ok(Some(relay)))
     }
 
-    /// Whether the relay's WAL stream is paused (`mailroom_relay_wakeup_paused 1`).
+    /// Whether the relay's stream is paused (`mailroom_relay_wakeup_paused 1`).
     async fn paused(&self) -> bool {
         crate::relay_alone::scrape(&self.metrics)
             .await

@@ -134,12 +134,23 @@ fn cpu_line(c: &CpuShare) -> String {
 /// beside [`cpu_line`]'s shares. The pipeline is mailroom + RabbitMQ + PostgreSQL (the SMTP
 /// server and the bench left out). `mailroom` names the mailroom processes of the run.
 fn cost_line(c: &CpuShare, emails: f64, mailroom: &str, wal: Option<f64>) -> String {
+    cost_line_into(c, emails, mailroom, wal, "smtp-sink")
+}
+
+/// [`cost_line`] with the SMTP server's name.
+fn cost_line_into(
+    c: &CpuShare,
+    emails: f64,
+    mailroom: &str,
+    wal: Option<f64>,
+    smtp: &str,
+) -> String {
     let us = |pct: f64| pct / 100.0 * c.seconds / emails.max(1.0) * 1e6;
     let wal = wal.map_or(String::new(), |b| {
         format!("; PostgreSQL WAL {b:.0} B/email")
     });
     format!(
-        "{mailroom} {:.0}, RabbitMQ {:.0}, PostgreSQL {:.0}, smtp-sink {:.0} µs/email; pipeline (mailroom + RabbitMQ + PostgreSQL) {:.0} µs/email{wal}",
+        "{mailroom} {:.0}, RabbitMQ {:.0}, PostgreSQL {:.0}, {smtp} {:.0} µs/email; pipeline (mailroom + RabbitMQ + PostgreSQL) {:.0} µs/email{wal}",
         us(c.worker),
         us(c.broker),
         us(c.postgres),
@@ -324,7 +335,7 @@ pub fn table(r: &Results) -> String {
             t,
             "| worker path at {}: CPU per email by process | {} | | |",
             p.label,
-            cost_line(&p.cpu, p.sent as f64, "worker", None)
+            cost_line_into(&p.cpu, p.sent as f64, "worker", None, p.smtp)
         );
     }
     relay_rows(&mut t, r, &limit_text);
@@ -364,7 +375,7 @@ fn commit_rows(t: &mut String, c: &OutboxCommits) {
             Some(why) => format!("unavailable: {why}"),
             None => format!("{}/s", thousands(m.per_s)),
         };
-        let paused = if m.mode == "wal" {
+        let paused = if matches!(m.mode, "wal" | "binlog") {
             format!(
                 " (stream paused at the end of {} of {} rounds)",
                 m.paused_rounds,

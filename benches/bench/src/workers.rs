@@ -69,6 +69,8 @@ pub struct PacedRun {
     /// Publish start → `sent_at` (SMTP accepted and recorded).
     pub latency: Lat,
     pub cpu: CpuShare,
+    /// The SMTP server's name in the report.
+    pub smtp: &'static str,
 }
 
 /// mailroom processes of one run (workers, and relays for the end-to-end runs).
@@ -391,6 +393,7 @@ async fn paced_in(
             complete: sent as usize >= n,
             latency: latency.summary(true),
             cpu,
+            smtp: sink.name,
         })
     }
     .await;

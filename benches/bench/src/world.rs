@@ -233,11 +233,20 @@ pub async fn pg_clock_offset(pg: &mut PgConnection) -> anyhow::Result<chrono::Du
     Ok(best.map(|(_, o)| o).unwrap_or_default())
 }
 
-/// Postfix's `smtp-sink`: accepts and discards, and counts (`-c`) what it accepted.
+/// The SMTP server the workers send to: Postfix's `smtp-sink`, which accepts and discards, and
+/// counts (`-c`) what it accepted; or the test suite's recorder in Python (aiosmtpd), which
+/// writes and fsyncs each message before it answers, as a slow server in the wild does.
 pub struct SmtpSink {
     pub port: u16,
-    child: Child,
+    server: SmtpProcess,
     accepted: Arc<AtomicU64>,
+    /// What the report calls it.
+    pub name: &'static str,
+}
+
+enum SmtpProcess {
+    Postfix(Child),
+    Recorder(Box<mailroom_test_kit::smtp::SmtpServer>),
 }
 
 impl SmtpSink {
@@ -291,8 +300,9 @@ impl SmtpSink {
             {
                 return Ok(SmtpSink {
                     port,
-                    child,
+                    server: SmtpProcess::Postfix(child),
                     accepted,
+                    name: "smtp-sink",
                 });
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
@@ -300,20 +310,46 @@ impl SmtpSink {
         anyhow::bail!("smtp-sink did not listen on 127.0.0.1:{port}")
     }
 
+    /// The test suite's recording SMTP server (tests/support/smtp_recorder.py under Debian's
+    /// python3), logging into `dir`.
+    pub async fn python_recorder(dir: &Path) -> anyhow::Result<SmtpSink> {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        let server = mailroom_test_kit::smtp::SmtpServer::start(dir, &[]).await;
+        Ok(SmtpSink {
+            port: server.port,
+            server: SmtpProcess::Recorder(Box::new(server)),
+            accepted: Arc::default(),
+            name: "the Python recorder",
+        })
+    }
+
     pub fn url(&self) -> String {
         format!("smtp://127.0.0.1:{}", self.port)
     }
 
     pub fn pid(&self) -> Option<u32> {
-        self.child.id()
+        match &self.server {
+            SmtpProcess::Postfix(child) => child.id(),
+            SmtpProcess::Recorder(server) => server.pid(),
+        }
     }
 
-    /// Messages accepted since start (smtp-sink's own counter; it lags a message at most).
+    /// Messages accepted since start (smtp-sink's own counter, which lags a message at most;
+    /// the recorder's log).
     pub fn accepted(&self) -> u64 {
-        self.accepted.load(Ordering::Relaxed)
+        match &self.server {
+            SmtpProcess::Postfix(_) => self.accepted.load(Ordering::Relaxed),
+            SmtpProcess::Recorder(server) => server.received().len() as u64,
+        }
     }
 
-    pub async fn stop(mut self) {
-        let _ = self.child.kill().await;
+    pub async fn stop(self) {
+        match self.server {
+            SmtpProcess::Postfix(mut child) => {
+                let _ = child.kill().await;
+            }
+            // Killed on drop.
+            SmtpProcess::Recorder(server) => drop(server),
+        }
     }
 }

@@ -31,7 +31,7 @@ pub struct SmtpServer {
     /// log every few milliseconds; reading only what was appended keeps a wait for 5,000
     /// emails from parsing the whole log again on each poll.
     read: Mutex<(usize, Vec<Received>)>,
-    _child: Child,
+    child: Child,
 }
 
 impl SmtpServer {
@@ -63,12 +63,17 @@ impl SmtpServer {
             port,
             log,
             read: Mutex::new((0, Vec::new())),
-            _child: child,
+            child,
         }
     }
 
     pub fn url(&self) -> String {
         format!("smtp://127.0.0.1:{}", self.port)
+    }
+
+    /// The recorder's process id, while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.id()
     }
 
     /// Everything accepted so far.
