@@ -9,7 +9,7 @@ use sqlx::MySqlPool;
 
 use crate::helpers::*;
 
-const WHY: &str = "the binary log is MySQL's and MariaDB's (PostgreSQL uses NOTIFY)";
+const WHY: &str = "the binary log is MySQL's and MariaDB's (PostgreSQL follows the WAL)";
 
 #[tokio::test]
 async fn a_commit_wakes_an_idle_relay_through_the_binary_log() {
