@@ -91,8 +91,8 @@ struct Source {
 
 /// Checks the server's settings and the user's privileges, opens the stream at the current
 /// position and starts following it. Anything committed before this returns is the first
-/// scan's to find.
-/// Outbox commits faster than `pause_above` a second pause the stream (0: never).
+/// scan's to find. Outbox commits faster than `pause_above` a second pause the stream (0:
+/// never).
 pub(super) async fn start(url: &SecretUrl, pause_above: u32) -> Result<Follower, Unavailable> {
     let source = Source::new(url)?;
     let (stream, schema) = source.open().await?;
