@@ -273,7 +273,6 @@ async fn follow(
     let Feed {
         tx: woken,
         live,
-        paused,
         stop,
         ..
     } = &feed;
@@ -309,23 +308,16 @@ async fn follow(
                 let close = async {
                     let _ = tokio::time::timeout(OPEN_TIMEOUT, stream.close()).await;
                 };
-                if !feed
-                    .pause("the binary log stream", rate.pause_above, close)
-                    .await
-                {
-                    return;
-                }
-                let opened = source.open().await;
-                paused.store(false, Ordering::Relaxed);
-                match opened {
-                    Ok((opened, _)) => {
+                let stream_name = "the binary log stream";
+                let pause = feed.pause(stream_name, rate.pause_above, close, source.open());
+                match pause.await {
+                    None => return,
+                    Some(Ok((opened, _))) => {
                         stream = opened;
                         writes.reset();
-                        tracing::info!("the outbox went quiet: binary log stream open again");
-                        let _ = woken.try_send(Woken::Event);
                         continue;
                     }
-                    Err(e) => e.to_string(),
+                    Some(Err(cause)) => cause,
                 }
             }
             Ended::Lost(cause) => cause,

@@ -31,15 +31,17 @@ pub(super) struct Feed {
 impl Feed {
     /// Pauses the stream: outbox commits came faster than `pause_above` a second
     /// ([`Ended::Busy`]). Marks it paused, so the relay probes at its fastest, closes it with
-    /// `close`, wakes the relay (asleep on its long ceiling, it picks up the short one) and
-    /// waits until the relay's probes find the outbox quiet ([`Follower::probed`]). False once
-    /// stopped. The caller then opens a new stream and clears `paused`.
-    pub async fn pause(
+    /// `close`, wakes the relay (asleep on its long ceiling, it picks up the short one), waits
+    /// until the relay's probes find the outbox quiet ([`Follower::probed`]) and opens a new
+    /// stream with `open`, which wakes the relay once more. `None` once stopped; else the new
+    /// stream, or why it could not be opened (the caller then reopens it as a lost one).
+    pub async fn pause<T, E: Display>(
         &self,
         stream: &str,
         pause_above: u32,
         close: impl Future<Output = ()>,
-    ) -> bool {
+        open: impl Future<Output = Result<T, E>>,
+    ) -> Option<Result<T, String>> {
         self.paused.store(true, Ordering::Relaxed);
         close.await;
         let _ = self.tx.try_send(Woken::Event);
@@ -48,9 +50,19 @@ impl Feed {
              the outbox until it goes quiet"
         );
         tokio::select! {
-            _ = self.stop.cancelled() => false,
-            _ = self.quiet.notified() => true,
+            _ = self.stop.cancelled() => return None,
+            _ = self.quiet.notified() => {}
         }
+        let opened = open.await;
+        self.paused.store(false, Ordering::Relaxed);
+        Some(match opened {
+            Ok(opened) => {
+                tracing::info!("the outbox went quiet: {stream} open again");
+                let _ = self.tx.try_send(Woken::Event);
+                Ok(opened)
+            }
+            Err(e) => Err(e.to_string()),
+        })
     }
 }
 

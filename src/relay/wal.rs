@@ -262,7 +262,6 @@ async fn follow(source: Source, mut client: ReplicationClient, rate: CommitRate,
     let Feed {
         tx: woken,
         live,
-        paused,
         stop,
         ..
     } = &feed;
@@ -297,19 +296,14 @@ async fn follow(source: Source, mut client: ReplicationClient, rate: CommitRate,
                     let _ = tokio::time::timeout(OPEN_TIMEOUT, client.shutdown()).await;
                     client.abort();
                 };
-                if !feed.pause("the WAL stream", rate.pause_above, close).await {
-                    return;
-                }
-                let opened = source.open().await;
-                paused.store(false, Ordering::Relaxed);
-                match opened {
-                    Ok(opened) => {
+                let pause = feed.pause("the WAL stream", rate.pause_above, close, source.open());
+                match pause.await {
+                    None => return,
+                    Some(Ok(opened)) => {
                         client = opened;
-                        tracing::info!("the outbox went quiet: WAL stream open again");
-                        let _ = woken.try_send(Woken::Event);
                         continue;
                     }
-                    Err(e) => e.to_string(),
+                    Some(Err(cause)) => cause,
                 }
             }
             Ended::Lost(cause) => {

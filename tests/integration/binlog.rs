@@ -84,7 +84,6 @@ async fn rows_after_a_binary_log_rotation_still_wake_the_relay() {
     relay.stop().await;
 }
 
-/// `app`'s database URL with another user.
 /// Outbox commits faster than `--relay-stream-pause-above` make the relay close its binary log
 /// stream: the server's dump thread for it ends (nothing reads and sends the producers'
 /// transactions) while the relay probes and publishes every row. Once the producers stop and
@@ -117,6 +116,7 @@ async fn a_burst_of_commits_pauses_the_binary_log_stream_and_a_quiet_outbox_open
     assert_eq!(app.unpublished().await, 0);
 }
 
+/// `app`'s database URL with another user.
 fn url_as(app: &TestApp, user: &str, password: &str) -> String {
     let mut url = url::Url::parse(&app.db_url).unwrap();
     url.set_username(user).unwrap();
