@@ -40,9 +40,9 @@ pub mod suppressions;
 use std::time::Duration;
 
 use anyhow::Context;
-use sqlx::Executor as _;
-use sqlx::mysql::{MySqlConnectOptions, MySqlPool, MySqlPoolOptions};
-use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
+use sqlx::mysql::{MySqlConnectOptions, MySqlPool, MySqlPoolOptions, MySqlSslMode};
+use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions, PgSslMode};
+use sqlx::{Connection as _, Executor as _};
 
 use crate::config::SecretUrl;
 use crate::exit::Fatal;
@@ -114,10 +114,20 @@ impl Engine {
     }
 }
 
+/// A pooled connection idle at least this long is pinged before it is handed out
+/// ([`OnAcquire::Ping`]). A connection in steady use (a statement every few milliseconds) goes
+/// straight to its statement, so a busy worker's claim is one round trip, not two; one the
+/// server dropped while the pool was quiet (a restart, a failover, an idle timeout) is found
+/// and replaced before a claim fails on it. A connection dropped within this moment of its
+/// last statement fails the next one, as a connection dropped during a statement does: a
+/// transient failure the delivery is retried for.
+pub const PING_IDLE_AFTER: Duration = Duration::from_secs(1);
+
 /// What a pool does with an idle connection before handing it out.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum OnAcquire {
-    /// Pings it, so a connection the server dropped is replaced instead of failing a claim.
+    /// Pings it if it has been idle [`PING_IDLE_AFTER`] or longer, so a connection the server
+    /// dropped while the pool was quiet is replaced instead of failing a claim.
     Ping,
     /// Hands it out unchecked: saves a round trip per use, for callers that simply try again
     /// after a failed statement (the relay's loop). Their idle probe is then the statement and
@@ -129,7 +139,7 @@ pub enum OnAcquire {
 impl Database {
     /// Connects a pool of at most `max_connections` to `url`. The pool is lazy: the first
     /// query opens the first connection, so a process starts even while the database is down.
-    /// A pooled connection is pinged before each use ([`OnAcquire::Ping`]).
+    /// A pooled connection idle for a while is pinged before use ([`OnAcquire::Ping`]).
     pub fn connect_lazy(url: &SecretUrl, max_connections: u32) -> anyhow::Result<Database> {
         Database::connect_lazy_with(url, max_connections, OnAcquire::Ping)
     }
@@ -232,12 +242,34 @@ fn pg_pool(url: &SecretUrl, max_connections: u32, on_acquire: OnAcquire) -> anyh
     let options = options
         .application_name("mailroom")
         .options([("statement_timeout", STATEMENT_TIMEOUT)]);
+    let options = match options.get_ssl_mode() {
+        PgSslMode::Allow | PgSslMode::Prefer if plain_on_loopback(&options) => {
+            options.ssl_mode(PgSslMode::Disable)
+        }
+        _ => options,
+    };
     let pool = PgPoolOptions::new()
         .max_connections(max_connections)
         .acquire_timeout(ACQUIRE_TIMEOUT)
-        .test_before_acquire(on_acquire == OnAcquire::Ping)
+        .test_before_acquire(false)
+        .before_acquire(move |conn, meta| {
+            Box::pin(async move {
+                if on_acquire == OnAcquire::Ping && meta.idle_for >= PING_IDLE_AFTER {
+                    conn.ping().await?;
+                }
+                Ok(true)
+            })
+        })
         .connect_lazy_with(options);
     Ok(pool)
+}
+
+/// Whether a PostgreSQL connection that may go either way (`sslmode=prefer`, the default, or
+/// `allow`) goes in the clear: to a server on this machine, over TCP loopback, where no link
+/// needs protecting and TLS would cost every statement an encryption and a decryption on both
+/// sides. The relay's WAL stream decides the same way; `sslmode=require` keeps TLS everywhere.
+fn plain_on_loopback(options: &PgConnectOptions) -> bool {
+    options.get_socket().is_none() && crate::config::is_loopback(options.get_host())
 }
 
 /// A lazy MySQL/MariaDB pool: every session in UTC, at READ COMMITTED, with a lock wait timeout.
@@ -257,10 +289,25 @@ fn mysql_pool(
     // Session time zone UTC (sqlx's default, stated here because DATETIME values are
     // read as UTC), utf8mb4.
     let options = options.timezone(Some("+00:00".to_string()));
+    // `ssl-mode=preferred` (the default) to a server on this machine: in the clear, as
+    // PostgreSQL's `prefer` ([`plain_on_loopback`]).
+    let loopback = options.get_socket().is_none() && crate::config::is_loopback(options.get_host());
+    let options = match options.get_ssl_mode() {
+        MySqlSslMode::Preferred if loopback => options.ssl_mode(MySqlSslMode::Disabled),
+        _ => options,
+    };
     let pool = MySqlPoolOptions::new()
         .max_connections(max_connections)
         .acquire_timeout(ACQUIRE_TIMEOUT)
-        .test_before_acquire(on_acquire == OnAcquire::Ping)
+        .test_before_acquire(false)
+        .before_acquire(move |conn, meta| {
+            Box::pin(async move {
+                if on_acquire == OnAcquire::Ping && meta.idle_for >= PING_IDLE_AFTER {
+                    conn.ping().await?;
+                }
+                Ok(true)
+            })
+        })
         .after_connect(|conn, _meta| {
             Box::pin(async move {
                 // READ COMMITTED: the relay's `FOR UPDATE SKIP LOCKED` and the

@@ -40,6 +40,7 @@ mod once;
 mod outbox;
 mod overview;
 mod poison;
+mod pool;
 mod producers;
 mod proxy_faults;
 mod readiness;

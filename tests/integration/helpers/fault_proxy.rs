@@ -32,8 +32,13 @@ pub struct FaultProxy {
     fault: Arc<watch::Sender<Fault>>,
     open: Arc<AtomicUsize>,
     forwarded: Arc<AtomicUsize>,
+    pings: Arc<AtomicUsize>,
     task: tokio::task::JoinHandle<()>,
 }
+
+/// A database client's ping as it reaches the server on its own, the client waiting for the
+/// answer: PostgreSQL's bare Sync message, MySQL's `COM_PING` packet (sequence 0).
+const PINGS: [&[u8]; 2] = [b"S\0\0\0\x04", b"\x01\0\0\0\x0e"];
 
 impl FaultProxy {
     /// Listens on a free loopback port and forwards to `127.0.0.1:target_port`.
@@ -44,7 +49,8 @@ impl FaultProxy {
         let rx = fault.subscribe();
         let open = Arc::new(AtomicUsize::new(0));
         let forwarded = Arc::new(AtomicUsize::new(0));
-        let counts = (open.clone(), forwarded.clone());
+        let pings = Arc::new(AtomicUsize::new(0));
+        let counts = (open.clone(), forwarded.clone(), pings.clone());
         let task = tokio::spawn(async move {
             while let Ok((client, _)) = listener.accept().await {
                 tokio::spawn(connection(client, target_port, rx.clone(), counts.clone()));
@@ -55,8 +61,15 @@ impl FaultProxy {
             fault,
             open,
             forwarded,
+            pings,
             task,
         }
+    }
+
+    /// Database pings the clients sent through the proxy (on a plain connection; TLS hides
+    /// them): each one a round trip of its own.
+    pub fn pings(&self) -> usize {
+        self.pings.load(Ordering::SeqCst)
     }
 
     /// Connections being forwarded now (a reset one no longer counts).
@@ -95,7 +108,7 @@ async fn connection(
     client: TcpStream,
     target_port: u16,
     mut fault: watch::Receiver<Fault>,
-    (open, forwarded): (Arc<AtomicUsize>, Arc<AtomicUsize>),
+    (open, forwarded, pings): (Arc<AtomicUsize>, Arc<AtomicUsize>, Arc<AtomicUsize>),
 ) {
     let _ = client.set_nodelay(true);
     // A new connection during a partition waits for it to end before reaching the service.
@@ -119,14 +132,20 @@ async fn connection(
     let (client_r, client_w) = client.into_split();
     let (upstream_r, upstream_w) = upstream.into_split();
     tokio::join!(
-        pump(client_r, upstream_w, fault.clone()),
-        pump(upstream_r, client_w, fault),
+        pump(client_r, upstream_w, fault.clone(), Some(pings)),
+        pump(upstream_r, client_w, fault, None),
     );
     open.fetch_sub(1, Ordering::SeqCst);
 }
 
-/// Copies one direction until EOF, an error, or a reset.
-async fn pump(mut from: OwnedReadHalf, mut to: OwnedWriteHalf, mut fault: watch::Receiver<Fault>) {
+/// Copies one direction until EOF, an error, or a reset, counting the chunks that are a ping
+/// alone in `pings` (the client's direction).
+async fn pump(
+    mut from: OwnedReadHalf,
+    mut to: OwnedWriteHalf,
+    mut fault: watch::Receiver<Fault>,
+    pings: Option<Arc<AtomicUsize>>,
+) {
     let mut buf = vec![0u8; 64 * 1024];
     loop {
         // While partitioned, stop reading: bytes stay in the kernel buffers, as if in flight.
@@ -179,6 +198,11 @@ async fn pump(mut from: OwnedReadHalf, mut to: OwnedWriteHalf, mut fault: watch:
                 Fault::Pass => {}
             }
             break;
+        }
+        if let Some(pings) = &pings
+            && PINGS.contains(&&buf[..n])
+        {
+            pings.fetch_add(1, Ordering::SeqCst);
         }
         if to.write_all(&buf[..n]).await.is_err() {
             return;
