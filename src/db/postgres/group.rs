@@ -8,29 +8,40 @@ use sqlx::{PgPool, Row};
 use super::existing_claim;
 use crate::db::rows::{Claim, ClaimItem, ExistingClaim, Group, GroupResult};
 
-/// The claims and records of a group in one statement, so one commit. The two CTEs touch
-/// different keys (a group holds each key once). Claims insert in key order, so two groups
-/// lock rows in the same order. The records' keys come through `mailroom_ledger_records`
-/// (a migration), declared to return one row, so the plan a connection caches probes the
-/// unique index per key even when it was made while the table was small.
-const WRITE_GROUP: &str = concat!(
-    "
-WITH claimed AS (
+/// The claims of a group: inserted in key order, so two groups lock rows in the same order.
+/// `$1`–`$6` and the recipients' parameter are the claims'.
+macro_rules! insert_claims {
+    ($recipients:literal) => {
+        concat!(
+            "
     INSERT INTO sent_notifications AS n
         (job_id, kind, status, attempts, lease_until, claim_token, message_id, recipient, claimed_at)
     SELECT c.job_id, c.kind, 'sending', 1, now() + make_interval(secs => $5), c.token, c.message_id,
            c.recipient, now()
-    FROM unnest($1::text[], $2::text[], $3::uuid[], $4::text[], $15::text[])
+    FROM unnest($1::text[], $2::text[], $3::uuid[], $4::text[], ",
+            $recipients,
+            "::text[])
          AS c(job_id, kind, token, message_id, recipient)
     ORDER BY c.job_id, c.kind",
-    take_over!(),
-    "
-    RETURNING n.job_id, n.kind, n.attempts
-), recorded AS (
+            take_over!(),
+            "
+    RETURNING n.job_id, n.kind, n.attempts"
+        )
+    };
+}
+
+/// The records of a group, from their eight arrays' parameters. The keys come
+/// through `mailroom_ledger_records` (a migration), declared to return one row, so the plan a
+/// connection caches probes the unique index per key even when it was made while the table
+/// was small.
+macro_rules! update_records {
+    ($first:literal $(, $param:literal)*) => {
+        concat!(
+            "
     UPDATE sent_notifications AS n
     SET history = ",
-    history_append!("r.status", "r.class", "r.reply", "r.error"),
-    ",
+            history_append!("r.status", "r.class", "r.reply", "r.error"),
+            ",
         status = r.status,
         smtp_reply = COALESCE(r.reply, n.smtp_reply),
         last_error = r.error,
@@ -39,14 +50,62 @@ WITH claimed AS (
         lease_until = NULL,
         sent_at = CASE WHEN r.status = 'sent' THEN now() ELSE n.sent_at END,
         updated_at = now()
-    FROM mailroom_ledger_records($7::text[], $8::text[], $9::uuid[], $10::text[], $11::text[],
-                                 $12::text[], $13::text[], $14::text[]) AS r
+    FROM mailroom_ledger_records(",
+            $first,
+            $(", ", $param,)*
+            ") AS r
     WHERE n.job_id = r.job_id AND n.kind = r.kind AND n.claim_token = r.token
-    RETURNING n.job_id, n.kind
-)
+    RETURNING n.job_id, n.kind"
+        )
+    };
+}
+
+/// The claims and records of a group in one statement, so one commit. The two CTEs touch
+/// different keys (a group holds each key once).
+const WRITE_GROUP: &str = concat!(
+    "WITH claimed AS (",
+    insert_claims!("$15"),
+    "), recorded AS (",
+    update_records!(
+        "$7::text[]",
+        "$8::text[]",
+        "$9::uuid[]",
+        "$10::text[]",
+        "$11::text[]",
+        "$12::text[]",
+        "$13::text[]",
+        "$14::text[]"
+    ),
+    ")
 SELECT true AS claim, job_id, kind, attempts FROM claimed
 UNION ALL
 SELECT false, job_id, kind, NULL FROM recorded"
+);
+
+/// A group of claims alone (at low load, a group is one write): the INSERT of
+/// [`WRITE_GROUP`] without the UPDATE the database would otherwise prepare and run empty.
+const CLAIM_GROUP: &str = concat!(
+    "WITH claimed AS (",
+    insert_claims!("$7"),
+    ")
+SELECT true AS claim, job_id, kind, attempts FROM claimed"
+);
+
+/// A group of records alone: the UPDATE of [`WRITE_GROUP`] without the INSERT.
+const RECORD_GROUP: &str = concat!(
+    "WITH recorded AS (",
+    update_records!(
+        "$1::text[]",
+        "$2::text[]",
+        "$3::uuid[]",
+        "$4::text[]",
+        "$5::text[]",
+        "$6::text[]",
+        "$7::text[]",
+        "$8::text[]"
+    ),
+    ")
+SELECT false AS claim, job_id, kind, NULL::int4 AS attempts FROM recorded"
 );
 
 /// The rows that refused some of a group's claims, read after the group's statement.
@@ -65,7 +124,7 @@ fn key_of(job_id: &str, kind: &str) -> Key {
     (job_id.to_owned(), kind.to_owned())
 }
 
-/// Writes a group with one statement ([`WRITE_GROUP`]), then reads the rows that refused some
+/// Writes a group with one statement ([`claim_and_record`]), then reads the rows that refused some
 /// of its claims ([`READ_CLAIMS`]).
 pub(in crate::db) async fn write_group(
     pool: &PgPool,
@@ -100,20 +159,63 @@ pub(in crate::db) async fn write_group(
     Ok(GroupResult { claims, records })
 }
 
-/// Runs [`WRITE_GROUP`]: the keys claimed, with their attempt, and the keys recorded.
+/// Runs [`WRITE_GROUP`], or [`CLAIM_GROUP`] or [`RECORD_GROUP`] for a group of one kind of
+/// write: the keys claimed, with their attempt, and the keys recorded.
 async fn claim_and_record(
     pool: &PgPool,
     group: &Group,
 ) -> Result<(HashMap<Key, i32>, HashSet<Key>), sqlx::Error> {
+    let query = match (group.claims.is_empty(), group.records.is_empty()) {
+        (false, true) => recipients(claims(sqlx::query(CLAIM_GROUP), group), group),
+        (true, false) => records(sqlx::query(RECORD_GROUP), group),
+        _ => recipients(
+            records(claims(sqlx::query(WRITE_GROUP), group), group),
+            group,
+        ),
+    };
+    let rows = query.fetch_all(pool).await?;
+    let mut claimed = HashMap::new();
+    let mut recorded = HashSet::new();
+    for row in rows {
+        let key = (row.try_get("job_id")?, row.try_get("kind")?);
+        if row.try_get("claim")? {
+            claimed.insert(key, row.try_get("attempts")?);
+        } else {
+            recorded.insert(key);
+        }
+    }
+    Ok((claimed, recorded))
+}
+
+type Query<'q> = sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments>;
+
+/// Binds the claims' parameters but their recipients (`$1`–`$6`).
+fn claims<'q>(query: Query<'q>, group: &'q Group) -> Query<'q> {
     let c = &group.claims;
-    let r = &group.records;
-    let rows = sqlx::query(WRITE_GROUP)
+    query
         .bind(c.iter().map(|c| c.job_id.as_str()).collect::<Vec<_>>())
         .bind(c.iter().map(|c| c.kind.as_str()).collect::<Vec<_>>())
         .bind(c.iter().map(|c| c.token).collect::<Vec<_>>())
         .bind(c.iter().map(|c| c.message_id.as_str()).collect::<Vec<_>>())
         .bind(group.lease.as_secs_f64())
         .bind(group.resend_uncertain)
+}
+
+/// Binds the claims' recipients, the last parameter of [`WRITE_GROUP`] and [`CLAIM_GROUP`].
+fn recipients<'q>(query: Query<'q>, group: &'q Group) -> Query<'q> {
+    query.bind(
+        group
+            .claims
+            .iter()
+            .map(|c| c.recipient.as_deref())
+            .collect::<Vec<_>>(),
+    )
+}
+
+/// Binds the records' eight parameters.
+fn records<'q>(query: Query<'q>, group: &'q Group) -> Query<'q> {
+    let r = &group.records;
+    query
         .bind(r.iter().map(|r| r.job_id.as_str()).collect::<Vec<_>>())
         .bind(r.iter().map(|r| r.kind.as_str()).collect::<Vec<_>>())
         .bind(r.iter().map(|r| r.token).collect::<Vec<_>>())
@@ -126,20 +228,6 @@ async fn claim_and_record(
         .bind(r.iter().map(|r| r.error.as_deref()).collect::<Vec<_>>())
         .bind(r.iter().map(|r| r.class.as_deref()).collect::<Vec<_>>())
         .bind(r.iter().map(|r| r.revision.as_deref()).collect::<Vec<_>>())
-        .bind(c.iter().map(|c| c.recipient.as_deref()).collect::<Vec<_>>())
-        .fetch_all(pool)
-        .await?;
-    let mut claimed = HashMap::new();
-    let mut recorded = HashSet::new();
-    for row in rows {
-        let key = (row.try_get("job_id")?, row.try_get("kind")?);
-        if row.try_get("claim")? {
-            claimed.insert(key, row.try_get("attempts")?);
-        } else {
-            recorded.insert(key);
-        }
-    }
-    Ok((claimed, recorded))
 }
 
 /// The rows that refused `refused`, read by a fresh statement (as in `claim`).
