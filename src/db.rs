@@ -40,9 +40,9 @@ pub mod suppressions;
 use std::time::Duration;
 
 use anyhow::Context;
+use sqlx::Executor as _;
 use sqlx::mysql::{MySqlConnectOptions, MySqlPool, MySqlPoolOptions, MySqlSslMode};
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions, PgSslMode};
-use sqlx::{Connection as _, Executor as _};
 
 use crate::config::SecretUrl;
 use crate::exit::Fatal;
@@ -243,7 +243,9 @@ fn pg_pool(url: &SecretUrl, max_connections: u32, on_acquire: OnAcquire) -> anyh
         .application_name("mailroom")
         .options([("statement_timeout", STATEMENT_TIMEOUT)]);
     let options = match options.get_ssl_mode() {
-        PgSslMode::Allow | PgSslMode::Prefer if plain_on_loopback(&options) => {
+        PgSslMode::Allow | PgSslMode::Prefer
+            if plain_on_loopback(options.get_socket().is_some(), options.get_host()) =>
+        {
             options.ssl_mode(PgSslMode::Disable)
         }
         _ => options,
@@ -252,24 +254,30 @@ fn pg_pool(url: &SecretUrl, max_connections: u32, on_acquire: OnAcquire) -> anyh
         .max_connections(max_connections)
         .acquire_timeout(ACQUIRE_TIMEOUT)
         .test_before_acquire(false)
-        .before_acquire(move |conn, meta| {
-            Box::pin(async move {
-                if on_acquire == OnAcquire::Ping && meta.idle_for >= PING_IDLE_AFTER {
-                    conn.ping().await?;
-                }
-                Ok(true)
-            })
-        })
+        .before_acquire(move |conn, meta| Box::pin(ping_if_idle(conn, meta, on_acquire)))
         .connect_lazy_with(options);
     Ok(pool)
 }
 
-/// Whether a PostgreSQL connection that may go either way (`sslmode=prefer`, the default, or
-/// `allow`) goes in the clear: to a server on this machine, over TCP loopback, where no link
-/// needs protecting and TLS would cost every statement an encryption and a decryption on both
-/// sides. The relay's WAL stream decides the same way; `sslmode=require` keeps TLS everywhere.
-fn plain_on_loopback(options: &PgConnectOptions) -> bool {
-    options.get_socket().is_none() && crate::config::is_loopback(options.get_host())
+/// Whether a connection that may go either way (`sslmode=prefer`, the default, or `allow`;
+/// MySQL's `ssl-mode=preferred`) goes in the clear: to a server on this machine, over TCP
+/// loopback, where no link needs protecting and TLS would cost every statement an encryption
+/// and a decryption on both sides. The relay's WAL stream decides the same way; `sslmode=require` keeps TLS everywhere.
+fn plain_on_loopback(has_socket: bool, host: &str) -> bool {
+    !has_socket && crate::config::is_loopback(host)
+}
+
+/// The pools' `before_acquire`: pings a connection idle [`PING_IDLE_AFTER`] or longer when
+/// `on_acquire` says so.
+async fn ping_if_idle<C: sqlx::Connection>(
+    conn: &mut C,
+    meta: sqlx::pool::PoolConnectionMetadata,
+    on_acquire: OnAcquire,
+) -> Result<bool, sqlx::Error> {
+    if on_acquire == OnAcquire::Ping && meta.idle_for >= PING_IDLE_AFTER {
+        conn.ping().await?;
+    }
+    Ok(true)
 }
 
 /// A lazy MySQL/MariaDB pool: every session in UTC, at READ COMMITTED, with a lock wait timeout.
@@ -291,7 +299,7 @@ fn mysql_pool(
     let options = options.timezone(Some("+00:00".to_string()));
     // `ssl-mode=preferred` (the default) to a server on this machine: in the clear, as
     // PostgreSQL's `prefer` ([`plain_on_loopback`]).
-    let loopback = options.get_socket().is_none() && crate::config::is_loopback(options.get_host());
+    let loopback = plain_on_loopback(options.get_socket().is_some(), options.get_host());
     let options = match options.get_ssl_mode() {
         MySqlSslMode::Preferred if loopback => options.ssl_mode(MySqlSslMode::Disabled),
         _ => options,
@@ -300,14 +308,7 @@ fn mysql_pool(
         .max_connections(max_connections)
         .acquire_timeout(ACQUIRE_TIMEOUT)
         .test_before_acquire(false)
-        .before_acquire(move |conn, meta| {
-            Box::pin(async move {
-                if on_acquire == OnAcquire::Ping && meta.idle_for >= PING_IDLE_AFTER {
-                    conn.ping().await?;
-                }
-                Ok(true)
-            })
-        })
+        .before_acquire(move |conn, meta| Box::pin(ping_if_idle(conn, meta, on_acquire)))
         .after_connect(|conn, _meta| {
             Box::pin(async move {
                 // READ COMMITTED: the relay's `FOR UPDATE SKIP LOCKED` and the
