@@ -71,6 +71,9 @@ pub struct Opts {
     /// per engine.
     pub trickle_rows: usize,
     pub out: PathBuf,
+    /// `--only recorder`: only the worker path at [`RECORDER_RATE`] into the Python SMTP
+    /// recorder, for working on the cost of an email at low rates.
+    pub only_recorder: bool,
 }
 
 impl Opts {
@@ -92,6 +95,7 @@ impl Opts {
             wake_rows: if quick { 4 } else { 20 },
             trickle_rows: if quick { 50 } else { 300 },
             out: PathBuf::from("target/bench"),
+            only_recorder: false,
         };
         let mut it = args.iter();
         while let Some(arg) = it.next() {
@@ -104,6 +108,10 @@ impl Opts {
                 "--quick" | "--bench" => {}
                 "--n" => opts.n = value("--n")?.parse().context("--n")?,
                 "--out" => opts.out = PathBuf::from(value("--out")?),
+                "--only" => match value("--only")?.as_str() {
+                    "recorder" => opts.only_recorder = true,
+                    other => anyhow::bail!("--only {other:?}: the one part is `recorder`"),
+                },
                 "--workers" => {
                     opts.workers = value("--workers")?
                         .split(',')
@@ -113,7 +121,7 @@ impl Opts {
                 }
                 "--help" | "-h" => {
                     println!(
-                        "cargo bench --bench bench -- [--quick] [--n 20000] [--out target/bench] [--workers 1,2,4]"
+                        "cargo bench --bench bench -- [--quick] [--n 20000] [--out target/bench] [--workers 1,2,4] [--only recorder]"
                     );
                     std::process::exit(0);
                 }
@@ -181,6 +189,34 @@ pub fn main(mailroom: Mailroom) -> anyhow::Result<()> {
 /// server keeps up with (it writes and fsyncs every message).
 const RECORDER_RATE: f64 = 200.0;
 
+/// One worker process at [`RECORDER_RATE`] into the test suite's Python SMTP recorder.
+async fn recorder_run(
+    services: &Services,
+    opts: &Opts,
+    logs: &std::path::Path,
+) -> anyhow::Result<workers::PacedRun> {
+    let n = ((RECORDER_RATE * opts.paced_secs).round() as usize).max(10);
+    step(&format!(
+        "worker path at {RECORDER_RATE:.0}/s into the test suite's Python SMTP recorder ({n} jobs)"
+    ));
+    let recorder = SmtpSink::python_recorder(&logs.join("smtp-recorder")).await?;
+    let run = workers::paced(
+        services,
+        &recorder,
+        "paced-recorder",
+        RECORDER_RATE,
+        n,
+        logs,
+    )
+    .await;
+    recorder.stop().await;
+    let mut run = run?;
+    run.label = format!(
+        "{RECORDER_RATE:.0}/s into the Python SMTP recorder (aiosmtpd, an fsync per message)"
+    );
+    Ok(run)
+}
+
 fn step(what: &str) {
     eprintln!("bench: {what}");
 }
@@ -204,6 +240,17 @@ async fn run(opts: Opts) -> anyhow::Result<()> {
         ));
     }
     let services = Services::from_env();
+    if opts.only_recorder {
+        let run = recorder_run(&services, &opts, &logs).await?;
+        println!(
+            "{}: publish → accepted+recorded p50 / p95 / p99 {}{}\n{}",
+            run.label,
+            run.latency.triple(),
+            if run.complete { "" } else { " (INCOMPLETE)" },
+            report::paced_cost(&run)
+        );
+        return Ok(());
+    }
     let sink = SmtpSink::start().await?;
     step(&format!(
         "smtp-sink on 127.0.0.1:{}; N = {}, raw N = {}, workers {:?}",
@@ -260,26 +307,7 @@ async fn run(opts: Opts) -> anyhow::Result<()> {
         run.label = label;
         paced_runs.push(run);
     }
-    let n = ((RECORDER_RATE * opts.paced_secs).round() as usize).max(10);
-    step(&format!(
-        "worker path at {RECORDER_RATE:.0}/s into the test suite's Python SMTP recorder ({n} jobs)"
-    ));
-    let recorder = SmtpSink::python_recorder(&logs.join("smtp-recorder")).await?;
-    let run = workers::paced(
-        &services,
-        &recorder,
-        "paced-recorder",
-        RECORDER_RATE,
-        n,
-        &logs,
-    )
-    .await;
-    recorder.stop().await;
-    let mut run = run?;
-    run.label = format!(
-        "{RECORDER_RATE:.0}/s into the Python SMTP recorder (aiosmtpd, an fsync per message)"
-    );
-    paced_runs.push(run);
+    paced_runs.push(recorder_run(&services, &opts, &logs).await?);
 
     let commits_n = opts.floor_n * 30;
     step(&format!(

@@ -159,6 +159,11 @@ fn cost_line_into(
     )
 }
 
+/// [`cost_line`] of a paced worker run, with its SMTP server.
+pub fn paced_cost(p: &crate::workers::PacedRun) -> String {
+    cost_line_into(&p.cpu, p.sent as f64, "worker", None, p.smtp)
+}
+
 fn ratio(a: f64, b: f64) -> String {
     if b > 0.0 && a.is_finite() {
         format!("{:.2}", a / b)
@@ -335,7 +340,7 @@ pub fn table(r: &Results) -> String {
             t,
             "| worker path at {}: CPU per email by process | {} | | |",
             p.label,
-            cost_line_into(&p.cpu, p.sent as f64, "worker", None, p.smtp)
+            paced_cost(p)
         );
     }
     relay_rows(&mut t, r, &limit_text);
