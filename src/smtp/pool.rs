@@ -28,8 +28,26 @@ use super::tls;
 /// under the 5 minutes after which RFC 5321 servers may drop a silent client.
 pub const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 
+/// An open session and what its server offers beyond what lettre tracks.
+pub struct Conn {
+    smtp: AsyncSmtpConnection,
+    /// The server offered PIPELINING: MAIL, RCPT and DATA go out in one write.
+    pipelining: bool,
+}
+
+impl Conn {
+    async fn transaction(
+        &mut self,
+        envelope: &Envelope,
+        email: &[u8],
+        phase: &PhaseCell,
+    ) -> Result<Response, Failure> {
+        session::transaction(&mut self.smtp, self.pipelining, envelope, email, phase).await
+    }
+}
+
 struct Idle {
-    conn: AsyncSmtpConnection,
+    conn: Conn,
     since: Instant,
 }
 
@@ -55,7 +73,7 @@ impl Pool {
         phase: &PhaseCell,
     ) -> Result<Response, Failure> {
         if let Some(mut conn) = self.take_idle() {
-            match session::transaction(&mut conn, envelope, email, phase).await {
+            match conn.transaction(envelope, email, phase).await {
                 Ok(reply) => {
                     self.put_back(conn);
                     return Ok(reply);
@@ -69,7 +87,7 @@ impl Pool {
         }
         phase.set(Phase::Connect);
         let mut conn = self.open().await?;
-        let reply = session::transaction(&mut conn, envelope, email, phase).await?;
+        let reply = conn.transaction(envelope, email, phase).await?;
         self.put_back(conn);
         Ok(reply)
     }
@@ -91,18 +109,18 @@ impl Pool {
         self.idle.lock().unwrap().len()
     }
 
-    fn take_idle(&self) -> Option<AsyncSmtpConnection> {
+    fn take_idle(&self) -> Option<Conn> {
         let mut idle = self.idle.lock().unwrap();
         while let Some(i) = idle.pop() {
-            if i.since.elapsed() < IDLE_TIMEOUT && !i.conn.has_broken() {
+            if i.since.elapsed() < IDLE_TIMEOUT && !i.conn.smtp.has_broken() {
                 return Some(i.conn);
             }
         }
         None
     }
 
-    fn put_back(&self, conn: AsyncSmtpConnection) {
-        if !conn.has_broken() {
+    fn put_back(&self, conn: Conn) {
+        if !conn.smtp.has_broken() {
             self.idle.lock().unwrap().push(Idle {
                 conn,
                 since: Instant::now(),
@@ -110,9 +128,9 @@ impl Pool {
         }
     }
 
-    /// TCP with TCP_NODELAY, TLS as the URL says, greeting and EHLO, AUTH with the URL's
-    /// credentials.
-    async fn open(&self) -> Result<AsyncSmtpConnection, Failure> {
+    /// TCP with TCP_NODELAY, TLS as the URL says, greeting and EHLO, whether the server
+    /// pipelines, AUTH with the URL's credentials.
+    async fn open(&self) -> Result<Conn, Failure> {
         let e = &self.endpoint;
         let tcp = connect_tcp(&e.host, e.port).await.map_err(Failure::Io)?;
         let stream: Box<dyn AsyncTokioStream> = match &e.tls {
@@ -127,10 +145,14 @@ impl Pool {
             }
             _ => {}
         }
+        let pipelining = session::offers_pipelining(&mut conn, &e.hello).await?;
         if let Some(credentials) = &e.credentials {
             conn.auth(DEFAULT_MECHANISMS, credentials).await?;
         }
-        Ok(conn)
+        Ok(Conn {
+            smtp: conn,
+            pipelining,
+        })
     }
 }
 

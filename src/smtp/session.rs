@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use lettre::address::Envelope;
 use lettre::transport::smtp::client::AsyncSmtpConnection;
-use lettre::transport::smtp::commands::{Data, Mail, Rcpt};
+use lettre::transport::smtp::commands::{Data, Ehlo, Mail, Rcpt};
 use lettre::transport::smtp::extension::{Extension, MailBodyParameter, MailParameter};
 use lettre::transport::smtp::response::{Response, Severity};
 
@@ -156,24 +156,50 @@ pub fn classify(phase: Phase, failure: &Failure, server: &str) -> SendError {
 
 /// MAIL FROM, RCPT TO each recipient, DATA, the body and the final dot, updating `phase`
 /// before each step. Returns the reply to the final dot.
+///
+/// With `pipelining` (the server offered PIPELINING, RFC 2920) MAIL, every RCPT and DATA leave
+/// in one write and their replies are read in order: two round trips per message (the
+/// commands, then the body) instead of four. Each reply is still judged in its own phase, so a
+/// refused recipient is a refusal at RCPT TO as without pipelining. After any failure the
+/// caller drops the connection, so replies left unread never answer a later message.
 pub async fn transaction(
     conn: &mut AsyncSmtpConnection,
+    pipelining: bool,
     envelope: &Envelope,
     email: &[u8],
     phase: &PhaseCell,
 ) -> Result<Response, Failure> {
     phase.set(Phase::Mail);
     let params = mail_parameters(conn, envelope, email)?;
-    conn.command(Mail::new(envelope.from().cloned(), params))
-        .await?;
-    phase.set(Phase::Rcpt);
-    for to in envelope.to() {
-        conn.command(Rcpt::new(to.clone(), vec![]))
-            .await
-            .map_err(|e| Failure::Rcpt(to.domain().to_ascii_lowercase(), e))?;
+    let mail = Mail::new(envelope.from().cloned(), params);
+    let rcpt_failure = |to: &lettre::Address, e| Failure::Rcpt(to.domain().to_ascii_lowercase(), e);
+    if pipelining {
+        let mut commands = mail.to_string();
+        for to in envelope.to() {
+            commands.push_str(&Rcpt::new(to.clone(), vec![]).to_string());
+        }
+        commands.push_str(&Data.to_string());
+        // Writes the whole group, then reads MAIL's reply.
+        conn.command(commands).await?;
+        phase.set(Phase::Rcpt);
+        for to in envelope.to() {
+            conn.read_response()
+                .await
+                .map_err(|e| rcpt_failure(to, e))?;
+        }
+        phase.set(Phase::Data);
+        conn.read_response().await?;
+    } else {
+        conn.command(mail).await?;
+        phase.set(Phase::Rcpt);
+        for to in envelope.to() {
+            conn.command(Rcpt::new(to.clone(), vec![]))
+                .await
+                .map_err(|e| rcpt_failure(to, e))?;
+        }
+        phase.set(Phase::Data);
+        conn.command(Data).await?;
     }
-    phase.set(Phase::Data);
-    conn.command(Data).await?;
     phase.set(Phase::Body);
     // lettre writes every part the iterator yields, then the final dot as a write of its own,
     // then reads the reply: the iterator running dry is the moment the body is all written
@@ -193,6 +219,21 @@ pub async fn transaction(
         ))));
     }
     Ok(reply)
+}
+
+/// Whether the server offers PIPELINING: asks EHLO again (after STARTTLS, before AUTH, so the
+/// answer is the one a protected session gets) and reads its keywords, which lettre's
+/// `ServerInfo` does not keep.
+pub async fn offers_pipelining(
+    conn: &mut AsyncSmtpConnection,
+    hello: &lettre::transport::smtp::extension::ClientId,
+) -> Result<bool, Failure> {
+    let reply = conn.command(Ehlo::new(hello.clone())).await?;
+    Ok(reply.message().any(|line| {
+        line.split_whitespace()
+            .next()
+            .is_some_and(|keyword| keyword.eq_ignore_ascii_case("PIPELINING"))
+    }))
 }
 
 /// SMTPUTF8 and 8BITMIME when the envelope or the message need them (as lettre's own `send`),

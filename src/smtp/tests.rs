@@ -35,6 +35,8 @@ struct Script {
     messages_per_connection: Option<usize>,
     closing_421: bool,
     dot_delay: Duration,
+    /// Offer PIPELINING in the EHLO reply.
+    pipelining: bool,
 }
 
 impl Default for Script {
@@ -49,6 +51,7 @@ impl Default for Script {
             messages_per_connection: None,
             closing_421: false,
             dot_delay: Duration::ZERO,
+            pipelining: false,
         }
     }
 }
@@ -59,6 +62,8 @@ struct Counters {
     accepted: AtomicUsize,
     open: AtomicUsize,
     max_open: AtomicUsize,
+    /// Transactions whose MAIL arrived with its RCPT and DATA already behind it, unanswered.
+    pipelined: AtomicUsize,
 }
 
 struct Server {
@@ -102,8 +107,16 @@ async fn session(socket: TcpStream, s: Script, c: &Counters) -> std::io::Result<
         }
         let verb = line.get(..4).unwrap_or("").to_ascii_uppercase();
         let reply = match verb.as_str() {
+            "EHLO" if s.pipelining => "250-fake\r\n250-PIPELINING\r\n250 8BITMIME",
             "EHLO" => "250-fake\r\n250 8BITMIME",
-            "MAIL" => s.mail,
+            "MAIL" => {
+                // What the client sent past MAIL before it had MAIL's reply.
+                let ahead = String::from_utf8_lossy(lines.buffer()).to_ascii_uppercase();
+                if ahead.starts_with("RCPT TO:") && ahead.ends_with("DATA\r\n") {
+                    c.pipelined.fetch_add(1, Ordering::SeqCst);
+                }
+                s.mail
+            }
             "RCPT" => s.rcpt,
             "DATA" => match s.data {
                 Some(reply) => reply,
@@ -319,11 +332,61 @@ async fn reply_codes_are_answers_whatever_the_phase() {
         ),
     ];
     for (script, expected, phase) in cases {
-        let r = outcome(script).await;
-        assert_eq!(class(&r), expected, "{r:?}");
-        let reason = r.unwrap_err().to_string();
-        assert!(reason.contains(phase), "{reason} should name {phase}");
+        for pipelining in [false, true] {
+            let r = outcome(Script {
+                pipelining,
+                ..script
+            })
+            .await;
+            assert_eq!(class(&r), expected, "pipelining {pipelining}: {r:?}");
+            let reason = r.unwrap_err().to_string();
+            assert!(
+                reason.contains(phase),
+                "pipelining {pipelining}: {reason} should name {phase}"
+            );
+        }
     }
+}
+
+#[tokio::test]
+async fn mail_rcpt_and_data_go_in_one_write_only_to_a_server_that_offers_pipelining() {
+    for pipelining in [false, true] {
+        let s = server(Script {
+            pipelining,
+            ..Script::default()
+        })
+        .await;
+        let m = mailer(s.port, Duration::from_secs(5), 1);
+        for _ in 0..3 {
+            m.send(&message()).await.unwrap();
+        }
+        assert_eq!(s.counters.accepted.load(Ordering::SeqCst), 3);
+        assert_eq!(
+            s.counters.pipelined.load(Ordering::SeqCst),
+            if pipelining { 3 } else { 0 },
+            "pipelining offered: {pipelining}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_refused_pipelined_transaction_leaves_no_reply_for_the_next_message() {
+    // The first RCPT is refused: DATA's reply (503) stays unread on that connection, which
+    // must not be reused, or the next message would read it as its own MAIL reply.
+    let s = server(Script {
+        pipelining: true,
+        rcpt: "550 5.1.1 no such user",
+        ..Script::default()
+    })
+    .await;
+    let m = mailer(s.port, Duration::from_secs(5), 1);
+    for _ in 0..3 {
+        let r = m.send(&message()).await;
+        assert_eq!(class(&r), "permanent", "{r:?}");
+        let reason = r.unwrap_err().to_string();
+        assert!(reason.contains("RCPT TO"), "{reason}");
+    }
+    assert_eq!(s.counters.connections.load(Ordering::SeqCst), 3);
 }
 
 #[tokio::test]
@@ -393,10 +456,11 @@ async fn a_break_after_the_final_dot_is_uncertain() {
 
 #[tokio::test]
 async fn a_pooled_connection_the_server_dropped_is_replaced_without_failing_the_send() {
-    for closing_421 in [false, true] {
+    for (closing_421, pipelining) in [(false, false), (true, false), (false, true), (true, true)] {
         let s = server(Script {
             messages_per_connection: Some(1),
             closing_421,
+            pipelining,
             ..Script::default()
         })
         .await;

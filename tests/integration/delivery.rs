@@ -47,6 +47,36 @@ async fn one_job_sends_one_email_with_the_right_headers_and_parts() {
 }
 
 #[tokio::test]
+async fn commands_are_pipelined_to_a_server_that_offers_it_and_sent_one_by_one_to_one_that_does_not()
+ {
+    for offers in [true, false] {
+        let app = if offers {
+            TestApp::spawn().await
+        } else {
+            TestApp::spawn_with(&["--no-pipelining"]).await
+        };
+        let worker = app.start_worker(&[]);
+        let mut two = app.job("pipelined-two-recipients");
+        two["to"] = json!(["ada@example.com", "Grace <grace@example.com>"]);
+        app.publish(&two).await;
+        app.publish(&app.job("pipelined-one-recipient")).await;
+        let got = app.smtp.wait_for(2).await;
+        worker.stats.wait_until(|s| s.sent == 2).await;
+        worker.stop().await;
+        let mut rcpts: Vec<_> = got.iter().map(|m| m.rcpt_tos.len()).collect();
+        rcpts.sort();
+        assert_eq!(rcpts, [1, 2]);
+        for m in &got {
+            assert_eq!(
+                m.pipelined, offers,
+                "PIPELINING offered: {offers}; {:?}",
+                m.rcpt_tos
+            );
+        }
+    }
+}
+
+#[tokio::test]
 async fn the_same_job_published_three_times_sends_one_email() {
     let app = TestApp::spawn().await;
     let job = app.job("dup-sequential");

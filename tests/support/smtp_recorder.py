@@ -8,12 +8,13 @@ used: aiosmtpd.smtp.SMTP with a handler's handle_MAIL / handle_RCPT / handle_DAT
     /usr/bin/python3 tests/support/smtp_recorder.py --port 0 --log received.jsonl \\
         [--maildir DIR] [--fail STAGE:CODE[/ENHANCED][:COUNT[:DOMAIN]]]... [--data-delay SECONDS] [--stall-file FILE] \\
         [--stall-greeting COUNT] [--lose-reply close|silent[:COUNT]] [--max-sessions N] \\
-        [--no-smtputf8]
+        [--no-smtputf8] [--no-pipelining]
 
 Once listening it prints one line, `LISTENING <port>`, to stdout. Every ACCEPTED message is
 appended to --log as one JSON line {"mail_from", "rcpt_tos", "message_id", "data",
 "mail_at" (Unix time in seconds, when MAIL FROM was accepted), "received_at" (when the final
-dot is answered, after any --data-delay)} and fsynced before the client is told 250, so a
+dot is answered, after any --data-delay), "pipelined" (MAIL FROM, every RCPT TO and DATA
+arrived in one read, as a client pipelining them sends them)} and fsynced before the client is told 250, so a
 reader that sees 250 finds the line; [mail_at, received_at] is the transaction, from which a
 test counts the deliveries in progress at once. --fail RCPT:451:2
 answers the first two RCPT commands (counted over all connections) with 451; without a count,
@@ -25,7 +26,8 @@ used in the order given. A 421 reply also
 closes the connection, as RFC 5321 says it should. STAGE is MAIL, RCPT, DATACMD (the DATA
 command, before any content) or DATA (alias DOT: the reply to the final dot).
 --no-smtputf8 leaves SMTPUTF8 out of the EHLO reply, as many servers do: a non-ASCII address
-is then refused.
+is then refused. PIPELINING (RFC 2920) is offered, as by Postfix and most servers;
+--no-pipelining leaves it out, and a client must then wait for each reply.
 
 Faults for the tests of the uncertain window and of timeouts:
   --stall-greeting COUNT   the first COUNT connections are accepted and never greeted (the
@@ -135,6 +137,7 @@ class Recorder:
         self.lose_reply = args.lose_reply
         self.stall_file = args.stall_file
         self.verbose = args.verbose
+        self.pipelining = not args.no_pipelining
         self.log = open(args.log, "a", encoding="utf-8") if args.log else None
         self.maildir = args.maildir
         self.seq = 0
@@ -179,10 +182,17 @@ class Recorder:
             return reply
         return None
 
+    async def handle_EHLO(self, server, session, envelope, hostname, responses):
+        session.host_name = hostname
+        if self.pipelining:
+            responses.insert(len(responses) - 1, "250-PIPELINING")
+        return responses
+
     async def handle_MAIL(self, server, session, envelope, address, mail_options):
         reply = self.injected(server, "MAIL")
         if reply:
             return reply
+        envelope.mail_read = server.reads
         envelope.mail_from = address
         envelope.mail_at = time.time()
         envelope.mail_options.extend(mail_options)
@@ -221,6 +231,8 @@ class Recorder:
                 "data": raw.decode("utf-8", errors="replace"),
                 "mail_at": getattr(envelope, "mail_at", None),
                 "received_at": time.time(),
+                "pipelined": getattr(envelope, "mail_read", None) is not None
+                and getattr(envelope, "mail_read", None) == getattr(envelope, "data_read", None),
             }
             self.log.write(json.dumps(record, ensure_ascii=False) + "\n")
             self.log.flush()
@@ -280,6 +292,8 @@ class Session(SMTP):
     def data_received(self, data):
         if getattr(self, "_refused", False) or getattr(self, "_stalled", None) is not None:
             return  # never greeted: ignore whatever the client sends
+        # Reads so far: commands that arrived in the same read were sent without waiting.
+        self.reads = getattr(self, "reads", 0) + 1
         super().data_received(data)
 
     async def smtp_DATA(self, arg):
@@ -287,6 +301,7 @@ class Session(SMTP):
         if reply:
             await self.push(reply)
             return
+        self.envelope.data_read = getattr(self, "reads", 0)
         await super().smtp_DATA(arg)
 
 
@@ -312,6 +327,8 @@ def parse_args(argv):
                    help="while FILE holds a number of seconds, wait that long instead of --data-delay")
     p.add_argument("--no-smtputf8", action="store_true",
                    help="do not offer SMTPUTF8 (non-ASCII addresses are refused)")
+    p.add_argument("--no-pipelining", action="store_true",
+                   help="do not offer PIPELINING (the client waits for each reply)")
     p.add_argument("-v", "--verbose", action="store_true", help="one stderr line per event")
     return p.parse_args(argv)
 

@@ -21,6 +21,10 @@ pub struct Received {
     /// When the final dot arrived, in seconds since the Unix epoch.
     #[serde(default)]
     pub received_at: f64,
+    /// MAIL FROM, every RCPT TO and DATA reached the server in one read: the client
+    /// pipelined them.
+    #[serde(default)]
+    pub pipelined: bool,
 }
 
 /// A real SMTP server (tests/support/smtp_recorder.py) that logs every accepted message.
