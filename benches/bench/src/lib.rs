@@ -48,6 +48,13 @@ use serde::Serialize;
 
 use crate::world::{Services, SmtpSink};
 
+/// One part of the bench run alone (`--only`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub enum Only {
+    Recorder,
+    Backlog,
+}
+
 #[derive(Clone, Debug, Serialize)]
 pub struct Opts {
     pub quick: bool,
@@ -72,8 +79,9 @@ pub struct Opts {
     pub trickle_rows: usize,
     pub out: PathBuf,
     /// `--only recorder`: only the worker path at [`RECORDER_RATE`] into the Python SMTP
-    /// recorder, for working on the cost of an email at low rates.
-    pub only_recorder: bool,
+    /// recorder, for working on the cost of an email at low rates; `--only backlog`: only the
+    /// worker-only runs into smtp-sink. Each prints its figures and CPU per email.
+    pub only: Option<Only>,
 }
 
 impl Opts {
@@ -95,7 +103,7 @@ impl Opts {
             wake_rows: if quick { 4 } else { 20 },
             trickle_rows: if quick { 50 } else { 300 },
             out: PathBuf::from("target/bench"),
-            only_recorder: false,
+            only: None,
         };
         let mut it = args.iter();
         while let Some(arg) = it.next() {
@@ -109,8 +117,9 @@ impl Opts {
                 "--n" => opts.n = value("--n")?.parse().context("--n")?,
                 "--out" => opts.out = PathBuf::from(value("--out")?),
                 "--only" => match value("--only")?.as_str() {
-                    "recorder" => opts.only_recorder = true,
-                    other => anyhow::bail!("--only {other:?}: the one part is `recorder`"),
+                    "recorder" => opts.only = Some(Only::Recorder),
+                    "backlog" => opts.only = Some(Only::Backlog),
+                    other => anyhow::bail!("--only {other:?}: `recorder` or `backlog`"),
                 },
                 "--workers" => {
                     opts.workers = value("--workers")?
@@ -121,7 +130,7 @@ impl Opts {
                 }
                 "--help" | "-h" => {
                     println!(
-                        "cargo bench --bench bench -- [--quick] [--n 20000] [--out target/bench] [--workers 1,2,4] [--only recorder]"
+                        "cargo bench --bench bench -- [--quick] [--n 20000] [--out target/bench] [--workers 1,2,4] [--only recorder|backlog]"
                     );
                     std::process::exit(0);
                 }
@@ -240,7 +249,7 @@ async fn run(opts: Opts) -> anyhow::Result<()> {
         ));
     }
     let services = Services::from_env();
-    if opts.only_recorder {
+    if opts.only == Some(Only::Recorder) {
         let run = recorder_run(&services, &opts, &logs).await?;
         println!(
             "{}: publish → accepted+recorded p50 / p95 / p99 {}{}\n{}",
@@ -252,6 +261,21 @@ async fn run(opts: Opts) -> anyhow::Result<()> {
         return Ok(());
     }
     let sink = SmtpSink::start().await?;
+    if opts.only == Some(Only::Backlog) {
+        for &k in &opts.workers {
+            let run =
+                workers::backlog(&services, &sink, &format!("backlog-{k}w"), k, opts.n, &logs)
+                    .await?;
+            println!(
+                "worker only, {k} process(es), {} jobs: {:.0} emails/s{}\n{}",
+                opts.n,
+                run.emails_per_s,
+                if run.complete { "" } else { " (INCOMPLETE)" },
+                report::backlog_cost(&run)
+            );
+        }
+        return Ok(());
+    }
     step(&format!(
         "smtp-sink on 127.0.0.1:{}; N = {}, raw N = {}, workers {:?}",
         sink.port, opts.n, opts.raw_n, opts.workers

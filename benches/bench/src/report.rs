@@ -159,6 +159,11 @@ fn cost_line_into(
     )
 }
 
+/// [`cost_line`] of a worker-only run, with its WAL.
+pub fn backlog_cost(w: &crate::workers::BacklogRun) -> String {
+    cost_line(&w.cpu, w.sent as f64, "worker", Some(w.wal_bytes_per_email))
+}
+
 /// [`cost_line`] of a paced worker run, with its SMTP server.
 pub fn paced_cost(p: &crate::workers::PacedRun) -> String {
     cost_line_into(&p.cpu, p.sent as f64, "worker", None, p.smtp)
@@ -317,7 +322,7 @@ pub fn table(r: &Results) -> String {
         let _ = writeln!(
             t,
             "| {name}: CPU per email by process | {} | | |",
-            cost_line(&w.cpu, w.sent as f64, "worker", Some(w.wal_bytes_per_email))
+            backlog_cost(w)
         );
     }
     let floor = path_floor_ms(r);

@@ -250,7 +250,8 @@ enum SmtpProcess {
 }
 
 impl SmtpSink {
-    /// `smtp-sink -u nobody -c -h sink.localdomain -m 1024 127.0.0.1:<free port> 1024`.
+    /// `smtp-sink -u nobody -c -h sink.localdomain -m 1024 127.0.0.1:<free port> 1024`, with
+    /// the options in `MAILROOM_BENCH_SINK_ARGS` before the address (`-p`: no PIPELINING).
     pub async fn start() -> anyhow::Result<SmtpSink> {
         anyhow::ensure!(
             Path::new(SMTP_SINK).exists(),
@@ -259,6 +260,11 @@ impl SmtpSink {
         let port = mailroom_test_kit::free_port();
         let mut child = Command::new(SMTP_SINK)
             .args(["-u", "nobody", "-c", "-h", "sink.localdomain", "-m", "1024"])
+            .args(
+                std::env::var("MAILROOM_BENCH_SINK_ARGS")
+                    .unwrap_or_default()
+                    .split_whitespace(),
+            )
             .arg(format!("127.0.0.1:{port}"))
             .arg("1024")
             .stdin(Stdio::null())
