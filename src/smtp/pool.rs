@@ -29,7 +29,7 @@ use super::tls;
 pub const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// An open session and what its server offers beyond what lettre tracks.
-pub struct Conn {
+struct Conn {
     smtp: AsyncSmtpConnection,
     /// The server offered PIPELINING: MAIL, RCPT and DATA go out in one write.
     pipelining: bool,

@@ -228,7 +228,13 @@ pub async fn offers_pipelining(
     conn: &mut AsyncSmtpConnection,
     hello: &lettre::transport::smtp::extension::ClientId,
 ) -> Result<bool, Failure> {
-    let reply = conn.command(Ehlo::new(hello.clone())).await?;
+    let reply = match conn.command(Ehlo::new(hello.clone())).await {
+        Ok(reply) => reply,
+        // A server that refuses EHLO once more (RFC 5321 allows it) is spoken to one command
+        // at a time; the session it accepted stands.
+        Err(e) if e.is_transient() || e.is_permanent() => return Ok(false),
+        Err(e) => return Err(e.into()),
+    };
     Ok(reply.message().any(|line| {
         line.split_whitespace()
             .next()

@@ -37,6 +37,8 @@ struct Script {
     dot_delay: Duration,
     /// Offer PIPELINING in the EHLO reply.
     pipelining: bool,
+    /// The reply to a second EHLO in a session, when not the first one's.
+    second_ehlo: Option<&'static str>,
 }
 
 impl Default for Script {
@@ -52,6 +54,7 @@ impl Default for Script {
             closing_421: false,
             dot_delay: Duration::ZERO,
             pipelining: false,
+            second_ehlo: None,
         }
     }
 }
@@ -99,6 +102,7 @@ async fn session(socket: TcpStream, s: Script, c: &Counters) -> std::io::Result<
     }
     w.write_all(b"220 fake ESMTP\r\n").await?;
     let mut accepted_here = 0;
+    let mut ehlos = 0;
     let mut line = String::new();
     loop {
         line.clear();
@@ -106,7 +110,11 @@ async fn session(socket: TcpStream, s: Script, c: &Counters) -> std::io::Result<
             return Ok(());
         }
         let verb = line.get(..4).unwrap_or("").to_ascii_uppercase();
+        if verb == "EHLO" {
+            ehlos += 1;
+        }
         let reply = match verb.as_str() {
+            "EHLO" if ehlos > 1 && s.second_ehlo.is_some() => s.second_ehlo.unwrap_or_default(),
             "EHLO" if s.pipelining => "250-fake\r\n250-PIPELINING\r\n250 8BITMIME",
             "EHLO" => "250-fake\r\n250 8BITMIME",
             "MAIL" => {
@@ -367,6 +375,23 @@ async fn mail_rcpt_and_data_go_in_one_write_only_to_a_server_that_offers_pipelin
             "pipelining offered: {pipelining}"
         );
     }
+}
+
+#[tokio::test]
+async fn a_server_that_refuses_a_second_ehlo_is_spoken_to_one_command_at_a_time() {
+    let s = server(Script {
+        pipelining: true,
+        second_ehlo: Some("502 5.5.1 EHLO once is enough"),
+        ..Script::default()
+    })
+    .await;
+    let m = mailer(s.port, Duration::from_secs(5), 1);
+    for _ in 0..2 {
+        m.send(&message()).await.unwrap();
+    }
+    assert_eq!(s.counters.accepted.load(Ordering::SeqCst), 2);
+    assert_eq!(s.counters.connections.load(Ordering::SeqCst), 1);
+    assert_eq!(s.counters.pipelined.load(Ordering::SeqCst), 0);
 }
 
 #[tokio::test]
