@@ -220,7 +220,9 @@ async fn a_greeting_that_never_comes_is_retried_even_under_the_dead_letter_polic
 #[tokio::test]
 async fn a_refused_connection_is_retried_until_the_server_listens() {
     let app = TestApp::spawn().await;
-    let port = free_port();
+    // Refused until the recorder listens on it, and taken by no one else meanwhile.
+    let closed = ClosedPort::new();
+    let port = closed.port();
     let url = format!("smtp://127.0.0.1:{port}");
     let worker = app.start_worker(&["--smtp-url", &url]);
     app.publish(&app.job("refused")).await;
@@ -232,6 +234,7 @@ async fn a_refused_connection_is_retried_until_the_server_listens() {
 
     let dir = tempfile::tempdir().unwrap();
     let late = SmtpServer::start(dir.path(), &["--port", &port.to_string()]).await;
+    drop(closed);
     let row = app
         .wait_for_row("refused", "welcome", "row sent", |n| {
             n.status.as_str() == "sent"
@@ -308,7 +311,9 @@ async fn a_long_smtp_outage_under_load_pauses_the_worker_and_dead_letters_nothin
     // would last (200ms..1s, 8 attempts): without the circuit breaker the backlog would be
     // exhausted into the dead-letter queue within seconds.
     let app = TestApp::spawn().await;
-    let port = free_port();
+    // Refused until the recorder listens on it, and taken by no one else meanwhile.
+    let closed = ClosedPort::new();
+    let port = closed.port();
     let url = format!("smtp://127.0.0.1:{port}");
     let n = 200;
     for i in 0..n {
@@ -329,6 +334,7 @@ async fn a_long_smtp_outage_under_load_pauses_the_worker_and_dead_letters_nothin
 
     let dir = tempfile::tempdir().unwrap();
     let server = SmtpServer::start(dir.path(), &["--port", &port.to_string()]).await;
+    drop(closed);
     server
         .wait_for_within(n, std::time::Duration::from_secs(120))
         .await;

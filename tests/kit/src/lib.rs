@@ -23,7 +23,11 @@ pub fn free_port() -> u16 {
 /// A loopback port that refuses connections for as long as this value lives: the port is bound
 /// but never listens, so a connect gets `ECONNREFUSED`, and no server started by another test
 /// running in parallel can take the port (a port from [`free_port`] can be taken, and a test of
-/// a server that is down would then talk to someone else's server).
+/// a server that is down would then talk to someone else's server). The socket sets
+/// SO_REUSEADDR, so a server that comes back can bind the port while it is still held (the
+/// SMTP recorder and tokio's listeners set it too, and Linux allows it while this socket does
+/// not listen); drop this value once that server listens. A port picked by the kernel, for a
+/// `:0` bind or an outgoing connection, is never one held here.
 pub struct ClosedPort {
     _socket: tokio::net::TcpSocket,
     port: u16,
@@ -33,6 +37,7 @@ impl ClosedPort {
     /// Binds a fresh loopback port without listening on it.
     pub fn new() -> Self {
         let socket = tokio::net::TcpSocket::new_v4().expect("a TCP socket");
+        socket.set_reuseaddr(true).expect("SO_REUSEADDR");
         socket
             .bind("127.0.0.1:0".parse().unwrap())
             .expect("bind a loopback port");
@@ -60,11 +65,30 @@ mod tests {
     use super::ClosedPort;
 
     #[tokio::test]
-    async fn a_closed_port_refuses_connections_and_cannot_be_taken_by_a_server() {
+    async fn a_closed_port_refuses_connections_and_is_never_picked_by_the_kernel() {
         let closed = ClosedPort::new();
         let addr = format!("127.0.0.1:{}", closed.port());
         let refused = tokio::net::TcpStream::connect(&addr).await.unwrap_err();
         assert_eq!(refused.kind(), std::io::ErrorKind::ConnectionRefused);
-        assert!(tokio::net::TcpListener::bind(&addr).await.is_err());
+        // Ports the kernel picks (a `:0` bind, an outgoing connection's) pass it by.
+        let picked: Vec<_> = (0..200)
+            .map(|_| std::net::TcpListener::bind("127.0.0.1:0").unwrap())
+            .collect();
+        let outgoing: Vec<_> = (0..50)
+            .map(|_| std::net::TcpStream::connect(picked[0].local_addr().unwrap()).unwrap())
+            .collect();
+        assert!(
+            picked
+                .iter()
+                .map(|l| l.local_addr().unwrap().port())
+                .chain(outgoing.iter().map(|c| c.local_addr().unwrap().port()))
+                .all(|p| p != closed.port())
+        );
+        // The server that comes back binds it while it is still held, and is reached.
+        let back = tokio::net::TcpListener::bind(&addr).await.unwrap();
+        drop(closed);
+        let (client, accepted) = tokio::join!(tokio::net::TcpStream::connect(&addr), back.accept());
+        client.unwrap();
+        accepted.unwrap();
     }
 }
