@@ -32,6 +32,44 @@ async fn a_commit_wakes_an_idle_relay_through_the_binary_log() {
 }
 
 #[tokio::test]
+async fn a_relay_whose_url_requires_tls_follows_the_binary_log_encrypted() {
+    if !runs_on(Engine::MySql, WHY) {
+        return;
+    }
+    let app = TestApp::spawn().await;
+    let port = url::Url::parse(&app.db_url).unwrap().port().unwrap_or(3306);
+    let sep = if app.db_url.contains('?') { '&' } else { '?' };
+    // The control first: on loopback the default ssl-mode goes in the clear, and the proxy
+    // sees the job's id in the stream (and in the relay's read of the row).
+    for (query, encrypted) in [("", false), ("ssl-mode=required", true)] {
+        let proxy = FaultProxy::start(port).await;
+        let mut url = proxy.url_through(&app.db_url);
+        if !query.is_empty() {
+            url = format!("{url}{sep}{query}");
+        }
+        let mut args = RELAY_NO_PROBES.to_vec();
+        args.extend(["--database-url", &url]);
+        let relay = app.start_relay(&args);
+        relay.wait_started().await;
+        assert_eq!(relay.stats.wakeup_mode(), WakeupMode::Binlog, "{query:?}");
+        let id = format!("order-{}-confidential", uuid::Uuid::new_v4().simple());
+        app.enqueue(&app.email_job(&id)).await.unwrap();
+        relay.wait_woken(1, "binary log").await;
+        relay.wait_published(1).await;
+        relay.stop().await;
+        assert!(
+            proxy.forwarded() >= 2,
+            "the pool and the stream both went through the proxy"
+        );
+        assert_eq!(
+            proxy.carried(&id),
+            !encrypted,
+            "the job's id crossed in the clear with {query:?}"
+        );
+    }
+}
+
+#[tokio::test]
 async fn a_transaction_that_commits_after_later_ones_is_published() {
     if !runs_on(Engine::MySql, WHY) {
         return;

@@ -2,8 +2,8 @@
 //! service (SMTP, RabbitMQ, PostgreSQL), then switch its [`Fault`] at runtime. The switch
 //! applies to open connections as well as new ones.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -33,8 +33,15 @@ pub struct FaultProxy {
     open: Arc<AtomicUsize>,
     forwarded: Arc<AtomicUsize>,
     pings: Arc<AtomicUsize>,
+    carried: Carried,
     task: tokio::task::JoinHandle<()>,
 }
+
+/// The bytes of every direction of every connection, each in order (up to [`CARRIED_CAP`]).
+type Carried = Arc<Mutex<Vec<Arc<Mutex<Vec<u8>>>>>>;
+
+/// Bytes kept per direction of a connection for [`FaultProxy::carried`].
+const CARRIED_CAP: usize = 8 << 20;
 
 /// A database client's ping as it reaches the server on its own, the client waiting for the
 /// answer: PostgreSQL's bare Sync message, MySQL's `COM_PING` packet (sequence 0).
@@ -50,7 +57,13 @@ impl FaultProxy {
         let open = Arc::new(AtomicUsize::new(0));
         let forwarded = Arc::new(AtomicUsize::new(0));
         let pings = Arc::new(AtomicUsize::new(0));
-        let counts = (open.clone(), forwarded.clone(), pings.clone());
+        let carried = Carried::default();
+        let counts = (
+            open.clone(),
+            forwarded.clone(),
+            pings.clone(),
+            carried.clone(),
+        );
         let task = tokio::spawn(async move {
             while let Ok((client, _)) = listener.accept().await {
                 tokio::spawn(connection(client, target_port, rx.clone(), counts.clone()));
@@ -62,8 +75,22 @@ impl FaultProxy {
             open,
             forwarded,
             pings,
+            carried,
             task,
         }
+    }
+
+    /// Whether `text` crossed the proxy in the clear, either way, on any connection: a
+    /// connection under TLS never shows it.
+    pub fn carried(&self, text: &str) -> bool {
+        let needle = text.as_bytes();
+        self.carried.lock().unwrap().iter().any(|stream| {
+            stream
+                .lock()
+                .unwrap()
+                .windows(needle.len())
+                .any(|w| w == needle)
+        })
     }
 
     /// Database pings the clients sent through the proxy (on a plain connection; TLS hides
@@ -108,7 +135,12 @@ async fn connection(
     client: TcpStream,
     target_port: u16,
     mut fault: watch::Receiver<Fault>,
-    (open, forwarded, pings): (Arc<AtomicUsize>, Arc<AtomicUsize>, Arc<AtomicUsize>),
+    (open, forwarded, pings, carried): (
+        Arc<AtomicUsize>,
+        Arc<AtomicUsize>,
+        Arc<AtomicUsize>,
+        Carried,
+    ),
 ) {
     let _ = client.set_nodelay(true);
     // A new connection during a partition waits for it to end before reaching the service.
@@ -131,20 +163,26 @@ async fn connection(
     forwarded.fetch_add(1, Ordering::SeqCst);
     let (client_r, client_w) = client.into_split();
     let (upstream_r, upstream_w) = upstream.into_split();
+    let [sent, received] = [(); 2].map(|_| Arc::new(Mutex::new(Vec::new())));
+    carried
+        .lock()
+        .unwrap()
+        .extend([sent.clone(), received.clone()]);
     tokio::join!(
-        pump(client_r, upstream_w, fault.clone(), Some(pings)),
-        pump(upstream_r, client_w, fault, None),
+        pump(client_r, upstream_w, fault.clone(), Some(pings), sent),
+        pump(upstream_r, client_w, fault, None, received),
     );
     open.fetch_sub(1, Ordering::SeqCst);
 }
 
 /// Copies one direction until EOF, an error, or a reset, counting the chunks that are a ping
-/// alone in `pings` (the client's direction).
+/// alone in `pings` (the client's direction) and keeping what it copied in `carried`.
 async fn pump(
     mut from: OwnedReadHalf,
     mut to: OwnedWriteHalf,
     mut fault: watch::Receiver<Fault>,
     pings: Option<Arc<AtomicUsize>>,
+    carried: Arc<Mutex<Vec<u8>>>,
 ) {
     let mut buf = vec![0u8; 64 * 1024];
     loop {
@@ -203,6 +241,11 @@ async fn pump(
             && PINGS.contains(&&buf[..n])
         {
             pings.fetch_add(1, Ordering::SeqCst);
+        }
+        {
+            let mut kept = carried.lock().unwrap();
+            let room = CARRIED_CAP.saturating_sub(kept.len());
+            kept.extend_from_slice(&buf[..n.min(room)]);
         }
         if to.write_all(&buf[..n]).await.is_err() {
             return;
