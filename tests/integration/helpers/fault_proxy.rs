@@ -40,8 +40,9 @@ pub struct FaultProxy {
 /// The bytes of every direction of every connection, each in order (up to [`CARRIED_CAP`]).
 type Carried = Arc<Mutex<Vec<Arc<Mutex<Vec<u8>>>>>>;
 
-/// Bytes kept per direction of a connection for [`FaultProxy::carried`].
-const CARRIED_CAP: usize = 8 << 20;
+/// Bytes kept per direction of a connection for [`FaultProxy::carried`]: the start of each
+/// stream, enough to hold the handshake and the first rows, bounded for the soak tests.
+const CARRIED_CAP: usize = 1 << 20;
 
 /// A database client's ping as it reaches the server on its own, the client waiting for the
 /// answer: PostgreSQL's bare Sync message, MySQL's `COM_PING` packet (sequence 0).
