@@ -77,6 +77,39 @@ async fn commands_are_pipelined_to_a_server_that_offers_it_and_sent_one_by_one_t
 }
 
 #[tokio::test]
+async fn a_refusal_of_the_second_recipient_is_blamed_on_its_domain_whether_pipelined_or_not() {
+    // Pipelined, the replies to both RCPTs come back together: the refusal must be matched to
+    // the recipient it answers, not to the first one (a slow-down reply throttles that domain).
+    for pipelining in [true, false] {
+        let mut args = vec!["--fail", "RCPT:550::refused.test"];
+        if !pipelining {
+            args.push("--no-pipelining");
+        }
+        let app = TestApp::spawn_with(&args).await;
+        let worker = app.start_worker(&[]);
+        let mut job = app.job("second-refused");
+        job["to"] = json!(["ada@example.com", "bob@refused.test"]);
+        app.publish(&job).await;
+        let row = app
+            .wait_for_row("second-refused", "welcome", "dead", |n| {
+                n.status.as_str() == "dead"
+            })
+            .await;
+        worker.stop().await;
+        let reason = row.last_error.unwrap_or_default();
+        assert!(
+            reason.contains("RCPT TO for domain refused.test"),
+            "pipelining {pipelining}: {reason}"
+        );
+        assert!(
+            !reason.contains("example.com"),
+            "pipelining {pipelining}: {reason}"
+        );
+        assert!(app.smtp.received().is_empty(), "nothing was accepted");
+    }
+}
+
+#[tokio::test]
 async fn the_same_job_published_three_times_sends_one_email() {
     let app = TestApp::spawn().await;
     let job = app.job("dup-sequential");

@@ -255,7 +255,7 @@ async fn run(opts: Opts) -> anyhow::Result<()> {
             "{}: publish → accepted+recorded p50 / p95 / p99 {}{}\n{}",
             run.label,
             run.latency.triple(),
-            if run.complete { "" } else { " (INCOMPLETE)" },
+            report::incomplete(run.sent, run.n, run.complete),
             report::paced_cost(&run)
         );
         return Ok(());
@@ -270,7 +270,7 @@ async fn run(opts: Opts) -> anyhow::Result<()> {
                 "worker only, {k} process(es), {} jobs: {:.0} emails/s{}\n{}",
                 opts.n,
                 run.emails_per_s,
-                if run.complete { "" } else { " (INCOMPLETE)" },
+                report::incomplete(run.sent, run.n, run.complete),
                 report::backlog_cost(&run)
             );
         }

@@ -358,7 +358,7 @@ pub fn table(r: &Results) -> String {
     t
 }
 
-fn incomplete(sent: i64, n: usize, complete: bool) -> String {
+pub fn incomplete(sent: i64, n: usize, complete: bool) -> String {
     if complete {
         String::new()
     } else {
