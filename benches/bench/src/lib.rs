@@ -53,6 +53,7 @@ use crate::world::{Services, SmtpSink};
 pub enum Only {
     Recorder,
     Backlog,
+    Paced,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -80,7 +81,8 @@ pub struct Opts {
     pub out: PathBuf,
     /// `--only recorder`: only the worker path at [`RECORDER_RATE`] into the Python SMTP
     /// recorder, for working on the cost of an email at low rates; `--only backlog`: only the
-    /// worker-only runs into smtp-sink. Each prints its figures and CPU per email.
+    /// worker-only runs into smtp-sink; `--only paced`: one worker-only run, then the worker
+    /// path at the fractions of its maximum. Each prints its figures and CPU per email.
     pub only: Option<Only>,
 }
 
@@ -116,10 +118,14 @@ impl Opts {
                 "--quick" | "--bench" => {}
                 "--n" => opts.n = value("--n")?.parse().context("--n")?,
                 "--out" => opts.out = PathBuf::from(value("--out")?),
+                "--paced-secs" => {
+                    opts.paced_secs = value("--paced-secs")?.parse().context("--paced-secs")?
+                }
                 "--only" => match value("--only")?.as_str() {
                     "recorder" => opts.only = Some(Only::Recorder),
                     "backlog" => opts.only = Some(Only::Backlog),
-                    other => anyhow::bail!("--only {other:?}: `recorder` or `backlog`"),
+                    "paced" => opts.only = Some(Only::Paced),
+                    other => anyhow::bail!("--only {other:?}: `recorder`, `backlog` or `paced`"),
                 },
                 "--workers" => {
                     opts.workers = value("--workers")?
@@ -130,7 +136,7 @@ impl Opts {
                 }
                 "--help" | "-h" => {
                     println!(
-                        "cargo bench --bench bench -- [--quick] [--n 20000] [--out target/bench] [--workers 1,2,4] [--only recorder|backlog]"
+                        "cargo bench --bench bench -- [--quick] [--n 20000] [--out target/bench] [--workers 1,2,4] [--only recorder|backlog|paced] [--paced-secs 5]"
                     );
                     std::process::exit(0);
                 }
@@ -138,6 +144,7 @@ impl Opts {
             }
         }
         anyhow::ensure!(opts.n > 0, "--n must be positive");
+        anyhow::ensure!(opts.paced_secs > 0.0, "--paced-secs must be positive");
         if opts.workers.is_empty() {
             opts.workers = vec![1];
         }
@@ -177,8 +184,12 @@ fn mailroom() -> &'static Mailroom {
     MAILROOM.get().expect("mailroom_bench::main sets it first")
 }
 
-/// Runs the benchmark with the command line's arguments against `mailroom`.
-pub fn main(mailroom: Mailroom) -> anyhow::Result<()> {
+/// Runs the benchmark with the command line's arguments against `mailroom`, or against the
+/// binary `MAILROOM_BENCH_BIN` names (another build, to compare two in the same hour).
+pub fn main(mut mailroom: Mailroom) -> anyhow::Result<()> {
+    if let Some(bin) = std::env::var_os("MAILROOM_BENCH_BIN") {
+        mailroom.bin = bin.into();
+    }
     MAILROOM.get_or_init(|| mailroom);
     let args: Vec<String> = std::env::args().skip(1).collect();
     if !args.iter().any(|a| a == "--bench") {
@@ -272,6 +283,29 @@ async fn run(opts: Opts) -> anyhow::Result<()> {
                 run.emails_per_s,
                 report::incomplete(run.sent, run.n, run.complete),
                 report::backlog_cost(&run)
+            );
+        }
+        return Ok(());
+    }
+    if opts.only == Some(Only::Paced) {
+        let max = workers::backlog(&services, &sink, "backlog-1w", 1, opts.n, &logs).await?;
+        println!(
+            "worker only, 1 process, {} jobs: {:.0} emails/s{}",
+            opts.n,
+            max.emails_per_s,
+            report::incomplete(max.sent, max.n, max.complete)
+        );
+        for f in &opts.fractions {
+            let rate = max.emails_per_s * f;
+            let n = ((rate * opts.paced_secs).round() as usize).max(10);
+            let label = format!("paced-{}", rate.round());
+            let run = workers::paced(&services, &sink, &label, rate, n, &logs).await?;
+            println!(
+                "{:.0} % of max ({rate:.0}/s, {n} jobs): publish → accepted+recorded p50 / p95 / p99 {}{}\n{}",
+                f * 100.0,
+                run.latency.triple(),
+                report::incomplete(run.sent, run.n, run.complete),
+                report::paced_cost(&run)
             );
         }
         return Ok(());
