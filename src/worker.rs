@@ -26,7 +26,6 @@ mod outcome;
 mod process;
 mod refuse;
 pub mod retention;
-pub mod screens;
 mod send;
 mod settle;
 pub mod stats;
@@ -94,8 +93,6 @@ pub struct Worker {
     db: Database,
     /// Claims and records; grouped once `run` starts (the group writer is a task).
     ledger: Ledger,
-    /// Suppression lookups; batched once `run` starts.
-    screens: screens::Screens,
     templates: Arc<LiveTemplates>,
     mailer: Mailer,
     stats: Arc<Stats>,
@@ -129,7 +126,6 @@ impl Worker {
             replay_keys: ReplayKeys::new(settings.replay_key.clone(), db.clone()),
             settings,
             ledger: Ledger::direct(db.clone(), stats.ledger.clone()),
-            screens: screens::Screens::direct(db.clone()),
             db,
             templates,
             mailer,
@@ -163,7 +159,6 @@ impl Worker {
     /// Consumes until `shutdown` is cancelled, reconnecting as needed.
     pub async fn run(mut self, shutdown: CancellationToken) -> anyhow::Result<()> {
         self.ledger = self.ledger.grouped(self.settings.ledger_group);
-        self.screens = self.screens.batched();
         let worker = Arc::new(self);
         let slots = Arc::new(Semaphore::new(worker.settings.concurrency.max(1)));
         let tracker = TaskTracker::new();

@@ -130,6 +130,7 @@ impl Ledger {
                 message_id: req.message_id.to_owned(),
                 token: req.token,
                 recipient: req.recipient.clone(),
+                screen: req.screen.to_vec(),
             },
             lease: req.lease,
             resend_uncertain: req.resend_uncertain,
@@ -448,6 +449,7 @@ async fn write_alone(db: &Database, op: Op) {
                 resend_uncertain,
                 replay: false,
                 recipient: item.recipient.clone(),
+                screen: &item.screen,
             };
             let _ = reply.send(db.claim(&req).await.map_err(Arc::new));
         }

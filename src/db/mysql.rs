@@ -25,7 +25,7 @@ use uuid::Uuid;
 
 use super::rows::{
     Claim, ClaimRequest, ExistingClaim, LedgerStatus, Notification, OutboxRow, OutboxStatus,
-    PendingRow, Record,
+    PendingRow, Record, Suppression, SuppressionRow,
 };
 
 pub(super) mod dead_letters;
@@ -76,7 +76,7 @@ FROM sent_notifications WHERE job_id = ? AND kind = ?";
 pub(super) async fn claim(pool: &MySqlPool, req: &ClaimRequest<'_>) -> Result<Claim, sqlx::Error> {
     let token = req.token;
     if insert_claim(pool, req).await? {
-        return Ok(Claim::Claimed { attempt: 1, token });
+        return Ok(Claim::taken(1, token, &[], &[]));
     }
     let taken = take_over(pool, req).await?;
     // A fresh statement (READ COMMITTED) sees the row as it is now, ours or someone else's.
@@ -91,10 +91,7 @@ pub(super) async fn claim(pool: &MySqlPool, req: &ClaimRequest<'_>) -> Result<Cl
     let attempts: i32 = row.try_get("attempts")?;
     let holder: Option<Uuid> = row.try_get("claim_token")?;
     if taken == 1 && holder == Some(token) {
-        return Ok(Claim::Claimed {
-            attempt: attempts,
-            token,
-        });
+        return Ok(Claim::taken(attempts, token, &[], &[]));
     }
     // Taken over and lost again within the two statements (a lease shorter than a round trip,
     // in practice never): report the row as it is; the delivery retries shortly.
@@ -397,4 +394,29 @@ fn existing_claim(row: &sqlx::mysql::MySqlRow) -> Result<ExistingClaim, sqlx::Er
         error_class: row.try_get("error_class")?,
         last_error: row.try_get("last_error")?,
     })
+}
+
+/// The columns of a suppression list entry, its binary address as text.
+pub(super) const SUPPRESSION_COLUMNS: &str = "CAST(address AS CHAR CHARACTER SET utf8mb4) AS address, \
+    reason, detail, created_by, created_at";
+
+/// The entries among `addresses` on MySQL/MariaDB, on `conn` (a claim's transaction). Bound as
+/// bytes: the column is binary, so `a@x.com ` is not `a@x.com` (no PAD SPACE).
+pub(super) async fn suppressed_among(
+    conn: &mut sqlx::MySqlConnection,
+    addresses: &[impl AsRef<str>],
+) -> sqlx::Result<Vec<Suppression>> {
+    if addresses.is_empty() {
+        return Ok(vec![]);
+    }
+    let marks = vec!["?"; addresses.len()].join(", ");
+    let sql = format!(
+        "SELECT {SUPPRESSION_COLUMNS} FROM mailroom_suppressions WHERE address IN ({marks})"
+    );
+    let mut query = sqlx::query_as(sqlx::AssertSqlSafe(sql));
+    for a in addresses {
+        query = query.bind(a.as_ref().as_bytes());
+    }
+    let rows: Vec<SuppressionRow> = query.fetch_all(conn).await?;
+    Ok(rows.into_iter().map(SuppressionRow::entry).collect())
 }

@@ -73,7 +73,7 @@ pub(super) async fn claim(pool: &PgPool, req: &ClaimRequest<'_>) -> Result<Claim
         .fetch_optional(pool)
         .await?;
     if let Some(attempt) = claimed {
-        return Ok(Claim::Claimed { attempt, token });
+        return Ok(Claim::taken(attempt, token, &[], &[]));
     }
     // A fresh statement sees the row that refused us, even if it committed after our claim began.
     let existing = sqlx::query(READ_CLAIM)

@@ -4,13 +4,18 @@
 //!
 //! - the claim ledger: [`LedgerStatus`] of a row, [`ClaimRequest`] and its answer [`Claim`],
 //!   [`ExistingClaim`], [`Record`], and [`Notification`] (a whole row);
+//! - the suppression list: [`Suppression`] and its [`Reason`], which a claim also looks up;
 //! - the outbox: [`PendingRow`] (claimed by a relay) and [`OutboxStatus`];
 //! - group commit: a [`Group`] of [`ClaimItem`]s and [`RecordItem`]s, and its [`GroupResult`];
 //! - dead letters (`dead_letter`): [`NewDeadLetter`], [`DeadLetterRow`], [`GroupRow`] and the
 //!   [`LetterQuery`] every read takes.
 
+use std::fmt;
+use std::str::FromStr;
 use std::time::Duration;
 
+use chrono::{DateTime, Utc};
+use serde::Serialize;
 use uuid::Uuid;
 
 mod dead_letter;
@@ -86,15 +91,44 @@ pub struct ClaimRequest<'a> {
     /// The job's first `to` address, normalised (`job::normalised_address`), written with the
     /// claim for the recipient search.
     pub recipient: Option<String>,
+    /// The job's recipients as the suppression list keys them (`suppressions::key`): a claim
+    /// taken comes back with their entries, read in the claim's own statement.
+    pub screen: &'a [String],
 }
 
 /// The answer to a claim.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Claim {
     /// This worker owns the row until the lease ends; `attempt` counts claims, this one included.
-    Claimed { attempt: i32, token: Uuid },
+    /// `suppressed`: the suppression list's entries among the request's `screen` addresses.
+    Claimed {
+        attempt: i32,
+        token: Uuid,
+        suppressed: Vec<Suppression>,
+    },
     /// Someone else's row, as it was read right after the refusal (`None`: it vanished).
     Refused(Option<ExistingClaim>),
+}
+
+impl Claim {
+    /// A claim taken, with the entries of `found` among `screen`.
+    pub(super) fn taken(
+        attempt: i32,
+        token: Uuid,
+        screen: &[String],
+        found: &[Suppression],
+    ) -> Claim {
+        let suppressed = found
+            .iter()
+            .filter(|s| screen.contains(&s.address))
+            .cloned()
+            .collect();
+        Claim::Claimed {
+            attempt,
+            token,
+            suppressed,
+        }
+    }
 }
 
 /// The state of a row that refused a claim.
@@ -187,6 +221,95 @@ pub struct OutboxStatus {
     pub parked: bool,
 }
 
+// ---- the suppression list (see `suppressions.rs`) ----
+
+/// Why an address is suppressed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Reason {
+    /// The recipient's server said the mailbox does not exist (5.1.x).
+    HardBounce,
+    /// The recipient marked an email as spam.
+    Complaint,
+    /// The recipient asked not to be mailed.
+    Unsubscribed,
+    /// An operator's entry.
+    Manual,
+}
+
+impl Reason {
+    pub const ALL: [Reason; 4] = [
+        Reason::HardBounce,
+        Reason::Complaint,
+        Reason::Unsubscribed,
+        Reason::Manual,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Reason::HardBounce => "hard_bounce",
+            Reason::Complaint => "complaint",
+            Reason::Unsubscribed => "unsubscribed",
+            Reason::Manual => "manual",
+        }
+    }
+}
+
+impl fmt::Display for Reason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for Reason {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        Reason::ALL
+            .into_iter()
+            .find(|r| r.as_str() == s)
+            .ok_or_else(|| {
+                let names: Vec<_> = Reason::ALL.iter().map(|r| r.as_str()).collect();
+                format!(
+                    "unknown reason {s:?}; the reasons are: {}",
+                    names.join(", ")
+                )
+            })
+    }
+}
+
+/// One suppressed address.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Suppression {
+    pub address: String,
+    pub reason: Reason,
+    pub detail: Option<String>,
+    pub created_by: String,
+    pub created_at: DateTime<Utc>,
+}
+
+/// An entry as both engines read it (MySQL/MariaDB casts its binary `address` to text).
+#[derive(sqlx::FromRow)]
+pub struct SuppressionRow {
+    address: String,
+    reason: String,
+    detail: Option<String>,
+    created_by: String,
+    created_at: DateTime<Utc>,
+}
+
+impl SuppressionRow {
+    pub fn entry(self) -> Suppression {
+        Suppression {
+            address: self.address,
+            // The column's CHECK admits only these names.
+            reason: self.reason.parse().unwrap_or(Reason::Manual),
+            detail: self.detail,
+            created_by: self.created_by,
+            created_at: self.created_at,
+        }
+    }
+}
+
 // ---- group commit (see `group.rs`) ----
 
 /// A claim in a group: the claim of [`ClaimRequest`] with the token it will hold.
@@ -197,6 +320,7 @@ pub struct ClaimItem {
     pub message_id: String,
     pub token: Uuid,
     pub recipient: Option<String>,
+    pub screen: Vec<String>,
 }
 
 /// A record in a group: always by the holder of the claim (`token`).
@@ -229,6 +353,18 @@ pub struct GroupResult {
 }
 
 impl Group {
+    /// The addresses every claim of the group looks up, each once.
+    pub(super) fn screened_addresses(&self) -> Vec<&str> {
+        let mut all: Vec<&str> = self
+            .claims
+            .iter()
+            .flat_map(|c| c.screen.iter().map(String::as_str))
+            .collect();
+        all.sort_unstable();
+        all.dedup();
+        all
+    }
+
     /// Claims and records in key order, so that two groups lock rows in the same order.
     pub(super) fn sort(&mut self) {
         self.claims

@@ -3,104 +3,16 @@
 //! stored and looked up normalised ([`crate::job::normalised_address`]: the domain in lower
 //! case, the local part as given) and compared byte for byte on both engines.
 
-use std::fmt;
-use std::str::FromStr;
-
 use chrono::{DateTime, Utc};
-use serde::Serialize;
 
-use super::Database;
+use super::rows::SuppressionRow as Row;
+pub use super::rows::{Reason, Suppression};
+use super::{Database, mysql};
 use crate::job::{MAX_RECIPIENT_BYTES, normalised_address};
 
 /// The ledger's class, and the state `status` shows, of a job not sent because its recipient
 /// is suppressed: a `dead` row that was never a failure, and never dead-lettered.
 pub const SUPPRESSED: &str = "suppressed";
-
-/// Why an address is suppressed.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Reason {
-    /// The recipient's server said the mailbox does not exist (5.1.x).
-    HardBounce,
-    /// The recipient marked an email as spam.
-    Complaint,
-    /// The recipient asked not to be mailed.
-    Unsubscribed,
-    /// An operator's entry.
-    Manual,
-}
-
-impl Reason {
-    pub const ALL: [Reason; 4] = [
-        Reason::HardBounce,
-        Reason::Complaint,
-        Reason::Unsubscribed,
-        Reason::Manual,
-    ];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Reason::HardBounce => "hard_bounce",
-            Reason::Complaint => "complaint",
-            Reason::Unsubscribed => "unsubscribed",
-            Reason::Manual => "manual",
-        }
-    }
-}
-
-impl fmt::Display for Reason {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl FromStr for Reason {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        Reason::ALL
-            .into_iter()
-            .find(|r| r.as_str() == s)
-            .ok_or_else(|| {
-                let names: Vec<_> = Reason::ALL.iter().map(|r| r.as_str()).collect();
-                format!(
-                    "unknown reason {s:?}; the reasons are: {}",
-                    names.join(", ")
-                )
-            })
-    }
-}
-
-/// One suppressed address.
-#[derive(Clone, Debug, PartialEq, Serialize)]
-pub struct Suppression {
-    pub address: String,
-    pub reason: Reason,
-    pub detail: Option<String>,
-    pub created_by: String,
-    pub created_at: DateTime<Utc>,
-}
-
-#[derive(sqlx::FromRow)]
-struct Row {
-    address: String,
-    reason: String,
-    detail: Option<String>,
-    created_by: String,
-    created_at: DateTime<Utc>,
-}
-
-impl Row {
-    fn entry(self) -> Suppression {
-        Suppression {
-            address: self.address,
-            // The column's CHECK admits only these names.
-            reason: self.reason.parse().unwrap_or(Reason::Manual),
-            detail: self.detail,
-            created_by: self.created_by,
-            created_at: self.created_at,
-        }
-    }
-}
 
 /// An address as the table keys it, or why it cannot be one.
 pub fn key(address: &str) -> Result<String, String> {
@@ -125,8 +37,7 @@ const MYSQL_ADD: &str = "INSERT INTO mailroom_suppressions (address, reason, det
     created_by) VALUES (?, ?, ?, ?) ON DUPLICATE KEY UPDATE reason = VALUES(reason), \
     detail = VALUES(detail), created_by = VALUES(created_by), created_at = UTC_TIMESTAMP(6)";
 const PG_COLUMNS: &str = "address, reason, detail, created_by, created_at";
-const MYSQL_COLUMNS: &str = "CAST(address AS CHAR CHARACTER SET utf8mb4) AS address, reason, \
-    detail, created_by, created_at";
+use super::mysql::SUPPRESSION_COLUMNS as MYSQL_COLUMNS;
 
 impl Database {
     /// Suppresses `address` (normalised by the caller with [`key`]), replacing an entry that
@@ -182,34 +93,27 @@ impl Database {
         Ok(done > 0)
     }
 
-    /// The entries among `addresses` (normalised keys), in one statement.
+    /// The entries among `addresses` (normalised keys), in one statement. A worker's claim
+    /// reads them in its own statement instead (`ClaimRequest::screen`).
     pub async fn suppressed_among(&self, addresses: &[String]) -> sqlx::Result<Vec<Suppression>> {
         if addresses.is_empty() {
             return Ok(vec![]);
         }
-        let rows: Vec<Row> = match self {
+        match self {
             Database::Postgres(pool) => {
                 let sql = format!(
                     "SELECT {PG_COLUMNS} FROM mailroom_suppressions WHERE address = ANY($1)"
                 );
-                sqlx::query_as(sqlx::AssertSqlSafe(sql))
+                let rows: Vec<Row> = sqlx::query_as(sqlx::AssertSqlSafe(sql))
                     .bind(addresses)
                     .fetch_all(pool)
-                    .await?
+                    .await?;
+                Ok(rows.into_iter().map(Row::entry).collect())
             }
             Database::MySql(pool) => {
-                let marks = vec!["?"; addresses.len()].join(", ");
-                let sql = format!(
-                    "SELECT {MYSQL_COLUMNS} FROM mailroom_suppressions WHERE address IN ({marks})"
-                );
-                let mut query = sqlx::query_as(sqlx::AssertSqlSafe(sql));
-                for a in addresses {
-                    query = query.bind(a.as_bytes());
-                }
-                query.fetch_all(pool).await?
+                mysql::suppressed_among(&mut *pool.acquire().await?, addresses).await
             }
-        };
-        Ok(rows.into_iter().map(Row::entry).collect())
+        }
     }
 
     /// Entries newest first, at most `limit`, older than `before` when given (a page's last

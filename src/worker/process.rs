@@ -20,7 +20,7 @@ use super::Worker;
 use super::lease::Deadline;
 use super::outcome::{ErrorClass, Outcome, dead};
 use super::stats::Stats;
-use super::suppress::Screened;
+use super::suppress::{self, Screened};
 use crate::broker;
 use crate::config::OnUncertain;
 use crate::db::is_data_error;
@@ -102,12 +102,6 @@ impl Worker {
             // No SMTP session to wait for: the claim only records that it expired.
             return Err(self.expire(delivery, &job).await);
         }
-        let job = match self.screen(job).await? {
-            Screened::Send(job) => job,
-            Screened::Suppressed(job, entry) => {
-                return Err(self.suppressed(delivery, &job, entry).await);
-            }
-        };
         // The SMTP session comes first: a delivery may wait for one as long as the pool is
         // busy, and holds no claim (no lease runs) while it waits.
         let waiting = Instant::now();
@@ -118,17 +112,31 @@ impl Worker {
         // The sending limits: a short wait for the slot, or held back (still unclaimed).
         let pass = self.pace(&job).await?;
         let message_id = self.mailer.message_id(&job.job.job_id, &job.job.kind);
-        let request = self.claim_request(delivery, &job, &message_id).await?;
+        let screen = suppress::screen_keys(&job);
+        let request = self
+            .claim_request(delivery, &job, &message_id, &screen)
+            .await?;
+        let replay = request.replay;
         let asked = Instant::now();
         match self.claim(&request).await? {
-            Claim::Claimed { attempt, token } => {
+            Claim::Claimed {
+                attempt,
+                token,
+                suppressed,
+            } => {
+                let job = match suppress::screen(job, suppressed) {
+                    Screened::Send(job) => job,
+                    Screened::Suppressed(job, entry) => {
+                        drop((session, pass));
+                        return Err(self.suppressed(&job, token, entry).await);
+                    }
+                };
                 let deadline = Deadline::of_claim(asked, self.settings.lease);
                 let claimed = Claimed {
                     attempt,
                     token,
                     deadline,
                 };
-                let replay = request.replay;
                 Ok(Taken {
                     job,
                     templates,
@@ -163,8 +171,8 @@ impl Worker {
         }
     }
 
-    /// Claims a job that will not be sent, only recorded (expired, suppressed), with no SMTP
-    /// session to wait for: its attempt and token, or the outcome of a refused claim (a copy of
+    /// Claims a job that will not be sent, only recorded (expired), with no SMTP session to
+    /// wait for: its attempt and token, or the outcome of a refused claim (a copy of
     /// a job already sent or dead is a duplicate) or a failed one.
     pub(super) async fn claim_unsent(
         &self,
@@ -172,9 +180,9 @@ impl Worker {
         job: &ValidJob,
     ) -> Result<(i32, Uuid), Outcome> {
         let message_id = self.mailer.message_id(&job.job.job_id, &job.job.kind);
-        let request = self.claim_request(delivery, job, &message_id).await?;
+        let request = self.claim_request(delivery, job, &message_id, &[]).await?;
         match self.claim(&request).await? {
-            Claim::Claimed { attempt, token } => Ok((attempt, token)),
+            Claim::Claimed { attempt, token, .. } => Ok((attempt, token)),
             Claim::Refused(existing) => Err(self.refused(job, existing.as_ref()).await),
         }
     }
@@ -217,12 +225,14 @@ impl Worker {
     }
 
     /// What to claim: this job under its Message-ID, with a fresh token, and whether the
-    /// delivery is a genuine replay (which needs the database to check its seal).
+    /// delivery is a genuine replay (which needs the database to check its seal); `screen`: the
+    /// addresses to look up in the suppression list with the claim.
     async fn claim_request<'a>(
         &self,
         delivery: &Delivery,
         job: &'a ValidJob,
         message_id: &'a str,
+        screen: &'a [String],
     ) -> Result<ClaimRequest<'a>, Outcome> {
         Ok(ClaimRequest {
             job_id: &job.job.job_id,
@@ -235,6 +245,7 @@ impl Worker {
                 .to
                 .first()
                 .and_then(|to| crate::job::recipient_to_store(to.email.as_ref())),
+            screen,
             replay: match self.replay_keys.honour(delivery).await {
                 Ok(genuine) => genuine,
                 Err(e) => {

@@ -1,15 +1,11 @@
-//! The suppression list at the worker: before a job waits for an SMTP session, its recipients
-//! are looked up in `mailroom_suppressions` (one statement, shared with the deliveries looking
-//! up at the same time: [`super::screens`]). Suppressed `cc` and `bcc`
-//! addresses, and suppressed `to` addresses beside others, are left out of the email; a job
-//! whose every `to` address is suppressed is not sent: its row becomes `dead` with class
-//! `suppressed` (no dead letter: nothing failed), and `status` says `suppressed`. A one-recipient
-//! job the SMTP server refused as an unknown mailbox or domain suppresses its address
-//! (`MAILROOM_SUPPRESS_BOUNCES`).
+//! The suppression list at the worker: a job's claim reads the suppression list's entries for
+//! its recipients in the claim's own statement (`ClaimRequest::screen`), so the lookup costs no
+//! statement or round trip of its own. Suppressed `cc` and `bcc` addresses, and suppressed `to`
+//! addresses beside others, are left out of the email; a job whose every `to` address is
+//! suppressed is not sent: its row becomes `dead` with class `suppressed` (no dead letter:
+//! nothing failed), and `status` says `suppressed`. A one-recipient job the SMTP server refused
+//! as an unknown mailbox or domain suppresses its address (`MAILROOM_SUPPRESS_BOUNCES`).
 
-use std::time::Duration;
-
-use lapin::message::Delivery;
 use uuid::Uuid;
 
 use super::Worker;
@@ -32,54 +28,47 @@ pub(super) enum Screened {
     Suppressed(ValidJob, Suppression),
 }
 
-impl Worker {
-    /// Looks the job's recipients up and leaves the suppressed ones out; `Err` is the outcome
-    /// when the database cannot answer (a retry: sending to a suppressed address is the harm).
-    pub(super) async fn screen(&self, mut job: ValidJob) -> Result<Screened, Outcome> {
-        let all = job.to.iter().chain(&job.cc).chain(&job.bcc);
-        let keys: Vec<String> = all
-            .filter_map(|m| suppressions::key(m.email.as_ref()).ok())
-            .collect();
-        let found = match self.screens.suppressed_among(keys).await {
-            Ok(found) => found,
-            Err(e) => {
-                let reason = format!("database unavailable for the suppression list: {e}");
-                return Err(self.retry(Duration::ZERO, reason));
-            }
-        };
-        if found.is_empty() {
-            return Ok(Screened::Send(job));
-        }
-        let suppressed = |address: &str| {
-            suppressions::key(address).is_ok_and(|k| found.iter().any(|s| s.address == k))
-        };
-        let to_before = job.to.len();
-        let whole = job.clone();
-        retain(&mut job.to, &mut job.job.to, &suppressed);
-        if job.to.is_empty() {
-            // The job as it came: its row keeps the recipient, for the search by recipient.
-            let first = found.into_iter().next().expect("found is not empty");
-            return Ok(Screened::Suppressed(whole, first));
-        }
-        let left_out = to_before - job.to.len()
-            + retain(&mut job.cc, &mut job.job.cc, &suppressed)
-            + retain(&mut job.bcc, &mut job.job.bcc, &suppressed);
-        tracing::info!(left_out, "suppressed recipients left out of the email");
-        Ok(Screened::Send(job))
-    }
+/// The job's recipients as the suppression list keys them, for its claim to look up.
+pub(super) fn screen_keys(job: &ValidJob) -> Vec<String> {
+    let mut keys: Vec<String> = (job.to.iter().chain(&job.cc).chain(&job.bcc))
+        .filter_map(|m| suppressions::key(m.email.as_ref()).ok())
+        .collect();
+    keys.sort_unstable();
+    keys.dedup();
+    keys
+}
 
-    /// A job to suppressed addresses only: claimed (a copy of a job already settled is a
-    /// duplicate), then recorded `suppressed`, never sent.
+/// Leaves the recipients among `found` (the entries the claim read) out of the job.
+pub(super) fn screen(mut job: ValidJob, found: Vec<Suppression>) -> Screened {
+    if found.is_empty() {
+        return Screened::Send(job);
+    }
+    let suppressed = |address: &str| {
+        suppressions::key(address).is_ok_and(|k| found.iter().any(|s| s.address == k))
+    };
+    let to_before = job.to.len();
+    let whole = job.clone();
+    retain(&mut job.to, &mut job.job.to, &suppressed);
+    if job.to.is_empty() {
+        // The job as it came: its dead letter and logs name the recipient.
+        let first = found.into_iter().next().expect("found is not empty");
+        return Screened::Suppressed(whole, first);
+    }
+    let left_out = to_before - job.to.len()
+        + retain(&mut job.cc, &mut job.job.cc, &suppressed)
+        + retain(&mut job.bcc, &mut job.job.bcc, &suppressed);
+    tracing::info!(left_out, "suppressed recipients left out of the email");
+    Screened::Send(job)
+}
+
+impl Worker {
+    /// A claimed job to suppressed addresses only: recorded `suppressed`, never sent.
     pub(super) async fn suppressed(
         &self,
-        delivery: &Delivery,
         job: &ValidJob,
+        token: Uuid,
         entry: Suppression,
     ) -> Outcome {
-        let token = match self.claim_unsent(delivery, job).await {
-            Ok((_, token)) => token,
-            Err(outcome) => return outcome,
-        };
         let reason = format!(
             "not sent: {} is suppressed ({}{}, since {})",
             mask_email(&entry.address),

@@ -35,6 +35,7 @@ fn request<'a>(job_id: &'a str, lease: Duration, resend: bool) -> ClaimRequest<'
         resend_uncertain: resend,
         replay: false,
         recipient: None,
+        screen: &[],
     }
 }
 
@@ -172,6 +173,7 @@ async fn a_group_answers_each_claim_and_record_as_the_single_statements_do() {
                     message_id: "<ledger@mailroom.test>".into(),
                     token: Uuid::new_v4(),
                     recipient: None,
+                    screen: vec![],
                 })
                 .collect(),
             records: held

@@ -201,6 +201,7 @@ async fn a_claim_the_database_refuses_fails_alone_not_its_whole_group() {
             resend_uncertain: true,
             replay: false,
             recipient: None,
+            screen: &[],
         })
         .collect();
     // On one thread every claim is queued before the group writer runs: one group holds all.

@@ -267,13 +267,20 @@ async fn a_replay_honours_the_suppression_list() {
     assert!(app.smtp.received().is_empty());
 }
 
-/// Lookups asked together share statements, and each asker gets the entries of its own
-/// addresses, none of another's: 48 concurrent lookups, every third address suppressed, with a
-/// database pool of 2 connections so that lookups queue while statements run.
+/// A claim reads the suppression list's entries for its own addresses in its own statement:
+/// 48 claims asked at once through the grouped ledger (a pool of 2 connections, so claims
+/// queue while groups are written) each get exactly the entries among their addresses, none of
+/// another claim's, and share statements. Addresses are compared byte for byte: a trailing
+/// space or another case in the local part is another address. A claim on its own (a replay's
+/// path) reads them too.
 #[tokio::test]
-async fn concurrent_lookups_share_statements_and_each_gets_only_its_own_entries() {
+async fn a_claim_reads_the_entries_of_its_own_addresses_and_none_of_another_claims() {
+    use mailroom::db::group::{Ledger, LedgerStats};
     use mailroom::db::suppressions::{Reason, key};
-    use mailroom::worker::screens::Screens;
+    use mailroom::db::{Claim, ClaimRequest};
+    use std::sync::Arc;
+    use std::sync::atomic::Ordering;
+    use std::time::Duration;
 
     let app = TestApp::spawn().await;
     let address = |i: usize| format!("screen-{i}@example.com");
@@ -283,29 +290,89 @@ async fn concurrent_lookups_share_statements_and_each_gets_only_its_own_entries(
             .await
             .unwrap();
     }
+    app.db
+        .suppress("shared@example.com", Reason::Complaint, None, "test")
+        .await
+        .unwrap();
     let db = mailroom::db::Database::connect_lazy(&app.db_url.parse().unwrap(), 2).unwrap();
-    let screens = Screens::direct(db).batched();
+    let stats = Arc::new(LedgerStats::default());
+    let ledger = Ledger::direct(db.clone(), stats.clone()).grouped(64);
+    // What claim `i` looks up: its own address, one nobody suppressed, every fourth the shared
+    // entry, and every fifth a near miss of a suppressed address instead of its own.
+    let screen = |i: usize| {
+        let mut keys = vec![format!("other-{i}@example.com")];
+        keys.push(match i % 5 {
+            0 => format!("{} ", address(i)),
+            1 => address(i).replacen("screen", "Screen", 1),
+            _ => address(i),
+        });
+        if i.is_multiple_of(4) {
+            keys.push("shared@example.com".into());
+        }
+        keys
+    };
+    let expected = |i: usize| {
+        let mut found = vec![];
+        if i.is_multiple_of(3) && i % 5 > 1 {
+            found.push(address(i));
+        }
+        if i.is_multiple_of(4) {
+            found.push("shared@example.com".to_owned());
+        }
+        found.sort();
+        found
+    };
     let asks = (0..48).map(|i| {
-        let screens = screens.clone();
-        // Two addresses each: its own, and one nobody suppressed.
-        let keys = vec![
-            key(&address(i)).unwrap(),
-            key(&format!("other-{i}@example.com")).unwrap(),
-        ];
-        tokio::spawn(async move { (i, screens.suppressed_among(keys).await.unwrap()) })
+        let ledger = ledger.clone();
+        let screen = screen(i);
+        tokio::spawn(async move {
+            let job_id = format!("screened-{i}");
+            let request = ClaimRequest {
+                job_id: &job_id,
+                kind: "welcome",
+                message_id: "<screened@mailroom.test>",
+                token: uuid::Uuid::new_v4(),
+                lease: Duration::from_secs(60),
+                resend_uncertain: true,
+                replay: false,
+                recipient: None,
+                screen: &screen,
+            };
+            (i, ledger.claim(&request).await.unwrap())
+        })
     });
     for answer in futures_util::future::join_all(asks).await {
-        let (i, found) = answer.unwrap();
-        let found: Vec<String> = found.into_iter().map(|s| s.address).collect();
-        if i % 3 == 0 {
-            assert_eq!(found, vec![address(i)], "lookup {i}");
-        } else {
-            assert!(found.is_empty(), "lookup {i} got {found:?}");
-        }
+        let (i, claim) = answer.unwrap();
+        let Claim::Claimed { suppressed, .. } = claim else {
+            panic!("claim {i} of a new job was refused: {claim:?}");
+        };
+        let mut found: Vec<String> = suppressed.into_iter().map(|s| s.address).collect();
+        found.sort();
+        assert_eq!(found, expected(i), "claim {i} looked up {:?}", screen(i));
     }
-    let statements = screens.statements();
-    assert!(
-        statements < 48,
-        "48 concurrent lookups took {statements} statements"
-    );
+    let groups = stats.groups.load(Ordering::Relaxed);
+    assert!(groups < 48, "48 concurrent claims took {groups} groups");
+
+    // Alone, as a replay's claim goes: the same answer; a refused claim reads nothing.
+    let screen = vec![address(3), "shared@example.com".to_owned()];
+    let alone = |job_id: &'static str| ClaimRequest {
+        job_id,
+        kind: "welcome",
+        message_id: "<screened@mailroom.test>",
+        token: uuid::Uuid::new_v4(),
+        lease: Duration::from_secs(60),
+        resend_uncertain: false,
+        replay: true,
+        recipient: None,
+        screen: &screen,
+    };
+    let Claim::Claimed { suppressed, .. } = ledger.claim(&alone("screened-alone")).await.unwrap()
+    else {
+        panic!("the claim alone was refused");
+    };
+    let mut found: Vec<String> = suppressed.into_iter().map(|s| s.address).collect();
+    found.sort();
+    assert_eq!(found, vec![address(3), "shared@example.com".to_owned()]);
+    let again = ledger.claim(&alone("screened-alone")).await.unwrap();
+    assert!(matches!(again, Claim::Refused(Some(_))), "{again:?}");
 }

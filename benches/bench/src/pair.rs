@@ -10,6 +10,11 @@ use mailroom::db::{Claim, ClaimRequest, LedgerStatus, Record};
 /// The lease of the bench's claims: longer than any measurement waits.
 pub const LEASE: Duration = Duration::from_secs(120);
 
+/// The recipient of the bench's claims, looked up in the suppression list with each claim as
+/// the worker's are.
+static SCREEN: std::sync::LazyLock<[String; 1]> =
+    std::sync::LazyLock::new(|| ["someone@example.com".to_owned()]);
+
 /// The claim the worker asks for a new delivery of `(job_id, kind)`.
 pub fn claim_request<'a>(job_id: &'a str, kind: &'a str, message_id: &'a str) -> ClaimRequest<'a> {
     ClaimRequest {
@@ -21,6 +26,7 @@ pub fn claim_request<'a>(job_id: &'a str, kind: &'a str, message_id: &'a str) ->
         resend_uncertain: true,
         replay: false,
         recipient: Some("someone@example.com".into()),
+        screen: SCREEN.as_slice(),
     }
 }
 

@@ -7,7 +7,9 @@ use sqlx::{MySqlConnection, MySqlPool, QueryBuilder, Row};
 use uuid::Uuid;
 
 use super::{existing_claim, micros};
-use crate::db::rows::{Claim, ClaimItem, ExistingClaim, Group, GroupResult, RecordItem};
+use crate::db::rows::{
+    Claim, ClaimItem, ExistingClaim, Group, GroupResult, RecordItem, Suppression,
+};
 
 /// Row `i` of a derived table of bound values, `SELECT ? AS job_id, ? AS kind, ? AS token`
 /// (`UNION ALL` before every row but the first), which MySQL 8 and MariaDB both read (their
@@ -63,7 +65,9 @@ fn key_of(job_id: &str, kind: &str) -> Key {
 /// 3. one guarded takeover `UPDATE … JOIN` of the existing rows, each with its own token;
 /// 4. one `UPDATE … JOIN` of the records, each guarded by its token;
 /// 5. a read of the rows whose outcome the counts do not tell (taken over or not, recorded or
-///    not): the token in the row says whose claim it is.
+///    not): the token in the row says whose claim it is;
+/// 6. the suppression list's entries among the claims' addresses (`ClaimItem::screen`), so a
+///    worker's lookup costs no statement outside the group.
 pub(in crate::db) async fn write_group(
     pool: &MySqlPool,
     group: &Group,
@@ -85,8 +89,15 @@ pub(in crate::db) async fn write_group(
         .chain(unknown_records.map(|r| (r.job_id.as_str(), r.kind.as_str())))
         .collect();
     let rows = read_group_rows(&mut tx, to_read).await?;
+    let suppressed = super::suppressed_among(&mut tx, &group.screened_addresses()).await?;
     tx.commit().await?;
-    Ok(group_result(group, &existing, &rows, all_recorded))
+    Ok(group_result(
+        group,
+        &existing,
+        &rows,
+        all_recorded,
+        &suppressed,
+    ))
 }
 
 /// Step 1: the keys among `claims` that have a row already.
@@ -255,19 +266,18 @@ fn group_result(
     existing: &HashSet<Key>,
     rows: &HashMap<Key, (Option<Uuid>, ExistingClaim)>,
     all_recorded: bool,
+    suppressed: &[Suppression],
 ) -> GroupResult {
     let claims = group
         .claims
         .iter()
         .map(|c| match rows.get(&key_of(&c.job_id, &c.kind)) {
-            None if !existing.contains(&key_of(&c.job_id, &c.kind)) => Claim::Claimed {
-                attempt: 1,
-                token: c.token,
-            },
-            Some((holder, row)) if *holder == Some(c.token) => Claim::Claimed {
-                attempt: row.attempts,
-                token: c.token,
-            },
+            None if !existing.contains(&key_of(&c.job_id, &c.kind)) => {
+                Claim::taken(1, c.token, &c.screen, suppressed)
+            }
+            Some((holder, row)) if *holder == Some(c.token) => {
+                Claim::taken(row.attempts, c.token, &c.screen, suppressed)
+            }
             Some((_, row)) => Claim::Refused(Some(row.clone())),
             // Deleted between the read and the takeover (retention).
             None => Claim::Refused(None),

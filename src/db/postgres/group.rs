@@ -3,10 +3,12 @@
 
 use std::collections::{HashMap, HashSet};
 
-use sqlx::{PgPool, Row};
+use sqlx::{FromRow, PgPool, Row};
 
 use super::existing_claim;
-use crate::db::rows::{Claim, ClaimItem, ExistingClaim, Group, GroupResult};
+use crate::db::rows::{
+    Claim, ClaimItem, ExistingClaim, Group, GroupResult, Suppression, SuppressionRow,
+};
 
 /// The claims of a group: inserted in key order, so two groups lock rows in the same order.
 /// `$1`–`$6` and the recipients' parameter are the claims'.
@@ -60,6 +62,42 @@ macro_rules! update_records {
     };
 }
 
+/// The rows of the claims as [`claim_and_record`] reads them: `what` says what a row is, and
+/// the suppression list's columns are those of [`screened!`]'s rows.
+macro_rules! claimed_rows {
+    () => {
+        "
+SELECT 'claim' AS what, job_id, kind, attempts, NULL::text AS address, NULL::text AS reason,
+       NULL::text AS detail, NULL::text AS created_by, NULL::timestamptz AS created_at
+FROM claimed"
+    };
+}
+
+/// The rows of the records, after [`claimed_rows!`].
+macro_rules! recorded_rows {
+    () => {
+        "
+UNION ALL
+SELECT 'record', job_id, kind, NULL, NULL, NULL, NULL, NULL, NULL FROM recorded"
+    };
+}
+
+/// The suppression list's entries among the claims' addresses (`ClaimItem::screen`, all of
+/// the group's in one parameter), read in the claims' statement: a worker looks its
+/// recipients up with no statement, round trip or wake-up of its own.
+macro_rules! screened {
+    ($addresses:literal) => {
+        concat!(
+            "
+UNION ALL
+SELECT 'suppressed', NULL, NULL, NULL, address, reason, detail, created_by, created_at
+FROM mailroom_suppressions WHERE address = ANY(",
+            $addresses,
+            "::text[])"
+        )
+    };
+}
+
 /// The claims and records of a group in one statement, so one commit. The two CTEs touch
 /// different keys (a group holds each key once).
 const WRITE_GROUP: &str = concat!(
@@ -76,10 +114,10 @@ const WRITE_GROUP: &str = concat!(
         "$13::text[]",
         "$14::text[]"
     ),
-    ")
-SELECT true AS claim, job_id, kind, attempts FROM claimed
-UNION ALL
-SELECT false, job_id, kind, NULL FROM recorded"
+    ")",
+    claimed_rows!(),
+    recorded_rows!(),
+    screened!("$16")
 );
 
 /// A group of claims alone (at low load, a group is one write): the INSERT of
@@ -87,8 +125,9 @@ SELECT false, job_id, kind, NULL FROM recorded"
 const CLAIM_GROUP: &str = concat!(
     "WITH claimed AS (",
     insert_claims!("$7"),
-    ")
-SELECT true AS claim, job_id, kind, attempts FROM claimed"
+    ")",
+    claimed_rows!(),
+    screened!("$8")
 );
 
 /// A group of records alone: the UPDATE of [`WRITE_GROUP`] without the INSERT.
@@ -105,7 +144,7 @@ const RECORD_GROUP: &str = concat!(
         "$8::text[]"
     ),
     ")
-SELECT false AS claim, job_id, kind, NULL::int4 AS attempts FROM recorded"
+SELECT 'record' AS what, job_id, kind, NULL::int4 AS attempts FROM recorded"
 );
 
 /// The rows that refused some of a group's claims, read after the group's statement.
@@ -130,7 +169,11 @@ pub(in crate::db) async fn write_group(
     pool: &PgPool,
     group: &Group,
 ) -> Result<GroupResult, sqlx::Error> {
-    let (claimed, recorded) = claim_and_record(pool, group).await?;
+    let Written {
+        claimed,
+        recorded,
+        suppressed,
+    } = claim_and_record(pool, group).await?;
     let refused: Vec<&ClaimItem> = group
         .claims
         .iter()
@@ -143,10 +186,7 @@ pub(in crate::db) async fn write_group(
         .map(|c| {
             let key = key_of(&c.job_id, &c.kind);
             match claimed.get(&key) {
-                Some(&attempt) => Claim::Claimed {
-                    attempt,
-                    token: c.token,
-                },
+                Some(&attempt) => Claim::taken(attempt, c.token, &c.screen, &suppressed),
                 None => Claim::Refused(existing.remove(&key)),
             }
         })
@@ -159,12 +199,19 @@ pub(in crate::db) async fn write_group(
     Ok(GroupResult { claims, records })
 }
 
+/// What one group statement wrote and read.
+struct Written {
+    /// The keys claimed, with their attempt.
+    claimed: HashMap<Key, i32>,
+    recorded: HashSet<Key>,
+    /// The suppression list's entries among the claims' addresses.
+    suppressed: Vec<Suppression>,
+}
+
 /// Runs [`WRITE_GROUP`], or [`CLAIM_GROUP`] or [`RECORD_GROUP`] for a group of one kind of
-/// write: the keys claimed, with their attempt, and the keys recorded.
-async fn claim_and_record(
-    pool: &PgPool,
-    group: &Group,
-) -> Result<(HashMap<Key, i32>, HashSet<Key>), sqlx::Error> {
+/// write.
+async fn claim_and_record(pool: &PgPool, group: &Group) -> Result<Written, sqlx::Error> {
+    let screened = group.screened_addresses();
     let query = match (group.claims.is_empty(), group.records.is_empty()) {
         (false, true) => recipients(claims(sqlx::query(CLAIM_GROUP), group), group),
         (true, false) => records(sqlx::query(RECORD_GROUP), group),
@@ -173,18 +220,33 @@ async fn claim_and_record(
             group,
         ),
     };
+    let query = if group.claims.is_empty() {
+        query
+    } else {
+        query.bind(&screened)
+    };
     let rows = query.fetch_all(pool).await?;
-    let mut claimed = HashMap::new();
-    let mut recorded = HashSet::new();
+    let mut written = Written {
+        claimed: HashMap::new(),
+        recorded: HashSet::new(),
+        suppressed: Vec::new(),
+    };
     for row in rows {
+        let what: &str = row.try_get("what")?;
+        if what == "suppressed" {
+            written
+                .suppressed
+                .push(SuppressionRow::from_row(&row)?.entry());
+            continue;
+        }
         let key = (row.try_get("job_id")?, row.try_get("kind")?);
-        if row.try_get("claim")? {
-            claimed.insert(key, row.try_get("attempts")?);
+        if what == "claim" {
+            written.claimed.insert(key, row.try_get("attempts")?);
         } else {
-            recorded.insert(key);
+            written.recorded.insert(key);
         }
     }
-    Ok((claimed, recorded))
+    Ok(written)
 }
 
 type Query<'q> = sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments>;
@@ -201,7 +263,8 @@ fn claims<'q>(query: Query<'q>, group: &'q Group) -> Query<'q> {
         .bind(group.resend_uncertain)
 }
 
-/// Binds the claims' recipients, the last parameter of [`WRITE_GROUP`] and [`CLAIM_GROUP`].
+/// Binds the claims' recipients, the parameter of [`WRITE_GROUP`] and [`CLAIM_GROUP`] before
+/// the addresses to look up.
 fn recipients<'q>(query: Query<'q>, group: &'q Group) -> Query<'q> {
     query.bind(
         group
