@@ -396,6 +396,9 @@ fn existing_claim(row: &sqlx::mysql::MySqlRow) -> Result<ExistingClaim, sqlx::Er
     })
 }
 
+/// Addresses looked up per statement at most.
+const LOOKUP_CHUNK: usize = 1_000;
+
 /// The columns of a suppression list entry, its binary address as text.
 pub(super) const SUPPRESSION_COLUMNS: &str = "CAST(address AS CHAR CHARACTER SET utf8mb4) AS address, \
     reason, detail, created_by, created_at";
@@ -406,17 +409,19 @@ pub(super) async fn suppressed_among(
     conn: &mut sqlx::MySqlConnection,
     addresses: &[impl AsRef<str>],
 ) -> sqlx::Result<Vec<Suppression>> {
-    if addresses.is_empty() {
-        return Ok(vec![]);
+    let mut found = Vec::new();
+    // A statement takes 65,535 parameters at most; a group's addresses may be more.
+    for chunk in addresses.chunks(LOOKUP_CHUNK) {
+        let marks = vec!["?"; chunk.len()].join(", ");
+        let sql = format!(
+            "SELECT {SUPPRESSION_COLUMNS} FROM mailroom_suppressions WHERE address IN ({marks})"
+        );
+        let mut query = sqlx::query_as(sqlx::AssertSqlSafe(sql));
+        for a in chunk {
+            query = query.bind(a.as_ref().as_bytes());
+        }
+        let rows: Vec<SuppressionRow> = query.fetch_all(&mut *conn).await?;
+        found.extend(rows.into_iter().map(SuppressionRow::entry));
     }
-    let marks = vec!["?"; addresses.len()].join(", ");
-    let sql = format!(
-        "SELECT {SUPPRESSION_COLUMNS} FROM mailroom_suppressions WHERE address IN ({marks})"
-    );
-    let mut query = sqlx::query_as(sqlx::AssertSqlSafe(sql));
-    for a in addresses {
-        query = query.bind(a.as_ref().as_bytes());
-    }
-    let rows: Vec<SuppressionRow> = query.fetch_all(conn).await?;
-    Ok(rows.into_iter().map(SuppressionRow::entry).collect())
+    Ok(found)
 }

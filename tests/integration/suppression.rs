@@ -376,3 +376,46 @@ async fn a_claim_reads_the_entries_of_its_own_addresses_and_none_of_another_clai
     let again = ledger.claim(&alone("screened-alone")).await.unwrap();
     assert!(matches!(again, Claim::Refused(Some(_))), "{again:?}");
 }
+
+/// A group's addresses may outnumber what one statement takes (MySQL: 65,535 parameters): a
+/// claim looking up 2,500 addresses gets the entries at the start, the middle and the end.
+#[tokio::test]
+async fn a_claim_looking_up_thousands_of_addresses_gets_every_entry() {
+    use mailroom::db::suppressions::Reason;
+    use mailroom::db::{Claim, ClaimRequest};
+    use std::time::Duration;
+
+    let app = TestApp::spawn().await;
+    let screen: Vec<String> = (0..2_500)
+        .map(|i| format!("many-{i}@example.com"))
+        .collect();
+    let suppressed = [0, 999, 1_000, 1_500, 2_499];
+    for i in suppressed {
+        app.db
+            .suppress(&screen[i], Reason::Manual, None, "test")
+            .await
+            .unwrap();
+    }
+    let request = ClaimRequest {
+        job_id: "many-addresses",
+        kind: "welcome",
+        message_id: "<many@mailroom.test>",
+        token: uuid::Uuid::new_v4(),
+        lease: Duration::from_secs(60),
+        resend_uncertain: true,
+        replay: false,
+        recipient: None,
+        screen: &screen,
+    };
+    let Claim::Claimed {
+        suppressed: found, ..
+    } = app.db.claim(&request).await.unwrap()
+    else {
+        panic!("the claim of a new job was refused");
+    };
+    let mut found: Vec<String> = found.into_iter().map(|s| s.address).collect();
+    found.sort();
+    let mut expected: Vec<String> = suppressed.iter().map(|&i| screen[i].clone()).collect();
+    expected.sort();
+    assert_eq!(found, expected);
+}
