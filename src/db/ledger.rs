@@ -66,20 +66,21 @@ pub fn judge_refusal(existing: Option<&ExistingClaim>, resend_uncertain: bool) -
 
 impl Database {
     /// Claims `(job_id, kind)` in one atomic statement, or reports who holds it. A claim taken
-    /// comes back with the suppression list's entries among `req.screen`, looked up after it
-    /// (a group of claims reads them in its own statement: `Ledger::claim`).
+    /// comes back with the suppression list's entries among `req.screen`, looked up just before
+    /// it, so a failed lookup leaves no claim behind (a group of claims reads them in its own
+    /// statement: `Ledger::claim`).
     pub async fn claim(&self, req: &ClaimRequest<'_>) -> Result<Claim, sqlx::Error> {
+        let found = self.suppressed_among(req.screen).await?;
         let claim = match self {
             Database::Postgres(pool) => postgres::claim(pool, req).await?,
             Database::MySql(pool) => mysql::claim(pool, req).await?,
         };
-        match claim {
-            Claim::Claimed { attempt, token, .. } if !req.screen.is_empty() => {
-                let found = self.suppressed_among(req.screen).await?;
-                Ok(Claim::taken(attempt, token, req.screen, &found))
+        Ok(match claim {
+            Claim::Claimed { attempt, token, .. } => {
+                Claim::taken(attempt, token, req.screen, &found)
             }
-            claim => Ok(claim),
-        }
+            refused => refused,
+        })
     }
 
     /// Records the result of an attempt. Returns false when the row was no longer ours

@@ -50,8 +50,14 @@ pub(super) fn screen(mut job: ValidJob, found: Vec<Suppression>) -> Screened {
     let whole = job.clone();
     retain(&mut job.to, &mut job.job.to, &suppressed);
     if job.to.is_empty() {
-        // The job as it came: its dead letter and logs name the recipient.
-        let first = found.into_iter().next().expect("found is not empty");
+        // The job as it came, and why its first `to` address is suppressed (not a cc's).
+        let to_keys: Vec<String> = (whole.to.iter())
+            .filter_map(|m| suppressions::key(m.email.as_ref()).ok())
+            .collect();
+        let first = (found.iter().find(|s| to_keys.contains(&s.address)))
+            .or(found.first())
+            .cloned()
+            .expect("found is not empty");
         return Screened::Suppressed(whole, first);
     }
     let left_out = to_before - job.to.len()
@@ -169,7 +175,71 @@ pub(super) fn is_unknown_address(reply: &str) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use super::is_unknown_address;
+    use super::{Screened, Suppression, is_unknown_address, screen, screen_keys};
+    use crate::db::suppressions::Reason;
+    use crate::job::{EmailJob, ValidJob};
+
+    fn job(to: &[&str], cc: &[&str]) -> ValidJob {
+        let json = serde_json::json!({
+            "job_id": "screen-1", "kind": "welcome", "to": to, "cc": cc, "bcc": [],
+            "data": {}, "created_at": "2026-12-01T12:00:00Z"
+        });
+        EmailJob::decode(json.to_string().as_bytes()).unwrap()
+    }
+
+    fn entry(address: &str) -> Suppression {
+        Suppression {
+            address: address.into(),
+            reason: Reason::Complaint,
+            detail: None,
+            created_by: "test".into(),
+            created_at: chrono::Utc::now(),
+        }
+    }
+
+    #[test]
+    fn the_keys_are_every_recipient_normalised_once() {
+        let job = job(
+            &["Ada <ada@Example.COM>", "bob@example.com"],
+            &["ada@example.com"],
+        );
+        assert_eq!(
+            screen_keys(&job),
+            vec!["ada@example.com".to_owned(), "bob@example.com".to_owned()]
+        );
+    }
+
+    #[test]
+    fn a_suppressed_cc_is_left_out_of_both_lists_and_the_rest_goes() {
+        let job = job(
+            &["ada@example.com"],
+            &["cc@example.com", "keep@example.com"],
+        );
+        let Screened::Send(left) = screen(job, vec![entry("cc@example.com")]) else {
+            panic!("a job with its `to` left must be sent");
+        };
+        assert_eq!(left.cc.len(), 1);
+        assert_eq!(left.job.cc, vec!["keep@example.com".to_owned()]);
+        assert_eq!(left.to.len(), 1);
+    }
+
+    #[test]
+    fn a_job_with_no_to_left_names_the_to_entry_not_a_cc_one() {
+        let job = job(&["Ada@example.com"], &["cc@example.com"]);
+        // Another case in the local part is another mailbox: not suppressed.
+        let found = vec![entry("ada@example.com"), entry("cc@example.com")];
+        assert!(matches!(screen(job.clone(), found), Screened::Send(_)));
+        let found = vec![entry("cc@example.com"), entry("Ada@example.com")];
+        let Screened::Suppressed(whole, why) = screen(job, found) else {
+            panic!("every `to` address is suppressed");
+        };
+        assert_eq!(why.address, "Ada@example.com");
+        assert_eq!(
+            whole.job.cc,
+            vec!["cc@example.com".to_owned()],
+            "the job as it came"
+        );
+    }
 
     #[test]
     fn only_an_unknown_mailbox_or_domain_counts_as_a_hard_bounce() {
