@@ -213,17 +213,13 @@ struct Written {
 async fn claim_and_record(pool: &PgPool, group: &Group) -> Result<Written, sqlx::Error> {
     let screened = group.screened_addresses();
     let query = match (group.claims.is_empty(), group.records.is_empty()) {
-        (false, true) => recipients(claims(sqlx::query(CLAIM_GROUP), group), group),
+        (false, true) => recipients(claims(sqlx::query(CLAIM_GROUP), group), group).bind(&screened),
         (true, false) => records(sqlx::query(RECORD_GROUP), group),
         _ => recipients(
             records(claims(sqlx::query(WRITE_GROUP), group), group),
             group,
-        ),
-    };
-    let query = if group.claims.is_empty() {
-        query
-    } else {
-        query.bind(&screened)
+        )
+        .bind(&screened),
     };
     let rows = query.fetch_all(pool).await?;
     let mut written = Written {
@@ -264,7 +260,7 @@ fn claims<'q>(query: Query<'q>, group: &'q Group) -> Query<'q> {
 }
 
 /// Binds the claims' recipients, the parameter of [`WRITE_GROUP`] and [`CLAIM_GROUP`] before
-/// the addresses to look up.
+/// the addresses to look up (the last).
 fn recipients<'q>(query: Query<'q>, group: &'q Group) -> Query<'q> {
     query.bind(
         group
