@@ -280,7 +280,6 @@ async fn a_claim_reads_the_entries_of_its_own_addresses_and_none_of_another_clai
     use mailroom::db::{Claim, ClaimRequest};
     use std::sync::Arc;
     use std::sync::atomic::Ordering;
-    use std::time::Duration;
 
     let app = TestApp::spawn().await;
     let address = |i: usize| format!("screen-{i}@example.com");
@@ -327,17 +326,7 @@ async fn a_claim_reads_the_entries_of_its_own_addresses_and_none_of_another_clai
         let screen = screen(i);
         tokio::spawn(async move {
             let job_id = format!("screened-{i}");
-            let request = ClaimRequest {
-                job_id: &job_id,
-                kind: "welcome",
-                message_id: "<screened@mailroom.test>",
-                token: uuid::Uuid::new_v4(),
-                lease: Duration::from_secs(60),
-                resend_uncertain: true,
-                replay: false,
-                recipient: None,
-                screen: &screen,
-            };
+            let request = screened_claim(&job_id, &screen);
             (i, ledger.claim(&request).await.unwrap())
         })
     });
@@ -356,15 +345,9 @@ async fn a_claim_reads_the_entries_of_its_own_addresses_and_none_of_another_clai
     // Alone, as a replay's claim goes: the same answer; a refused claim reads nothing.
     let screen = vec![address(3), "shared@example.com".to_owned()];
     let alone = |job_id: &'static str| ClaimRequest {
-        job_id,
-        kind: "welcome",
-        message_id: "<screened@mailroom.test>",
-        token: uuid::Uuid::new_v4(),
-        lease: Duration::from_secs(60),
         resend_uncertain: false,
         replay: true,
-        recipient: None,
-        screen: &screen,
+        ..screened_claim(job_id, &screen)
     };
     let Claim::Claimed { suppressed, .. } = ledger.claim(&alone("screened-alone")).await.unwrap()
     else {
@@ -381,9 +364,8 @@ async fn a_claim_reads_the_entries_of_its_own_addresses_and_none_of_another_clai
 /// claim looking up 2,500 addresses gets the entries at the start, the middle and the end.
 #[tokio::test]
 async fn a_claim_looking_up_thousands_of_addresses_gets_every_entry() {
+    use mailroom::db::Claim;
     use mailroom::db::suppressions::Reason;
-    use mailroom::db::{Claim, ClaimRequest};
-    use std::time::Duration;
 
     let app = TestApp::spawn().await;
     let screen: Vec<String> = (0..2_500)
@@ -396,17 +378,7 @@ async fn a_claim_looking_up_thousands_of_addresses_gets_every_entry() {
             .await
             .unwrap();
     }
-    let request = ClaimRequest {
-        job_id: "many-addresses",
-        kind: "welcome",
-        message_id: "<many@mailroom.test>",
-        token: uuid::Uuid::new_v4(),
-        lease: Duration::from_secs(60),
-        resend_uncertain: true,
-        replay: false,
-        recipient: None,
-        screen: &screen,
-    };
+    let request = screened_claim("many-addresses", &screen);
     let Claim::Claimed {
         suppressed: found, ..
     } = app.db.claim(&request).await.unwrap()
@@ -418,4 +390,19 @@ async fn a_claim_looking_up_thousands_of_addresses_gets_every_entry() {
     let mut expected: Vec<String> = suppressed.iter().map(|&i| screen[i].clone()).collect();
     expected.sort();
     assert_eq!(found, expected);
+}
+
+/// The claim of a new job that looks `screen` up in the suppression list.
+fn screened_claim<'a>(job_id: &'a str, screen: &'a [String]) -> mailroom::db::ClaimRequest<'a> {
+    mailroom::db::ClaimRequest {
+        job_id,
+        kind: "welcome",
+        message_id: "<screened@mailroom.test>",
+        token: uuid::Uuid::new_v4(),
+        lease: std::time::Duration::from_secs(60),
+        resend_uncertain: true,
+        replay: false,
+        recipient: None,
+        screen,
+    }
 }
