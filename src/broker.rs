@@ -12,12 +12,14 @@
 
 use std::time::Duration;
 
+pub mod acks;
 mod connect;
 mod declare;
 pub mod migrate;
 mod missing;
 mod publisher;
 
+pub use acks::Acks;
 pub use connect::{
     CONNECT_STAGGER, CONNECT_TIMEOUT, Ended, HEALTHY_AFTER, RECONNECT_MAX, RECONNECT_MIN,
     Reconnect, connect, reconnect_backoff, refusal,

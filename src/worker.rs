@@ -46,7 +46,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::{sync::CancellationToken, task::TaskTracker};
 use tracing::Instrument;
 
-use crate::broker::{self, Topology};
+use crate::broker::{self, Acks, Topology};
 use crate::config::{OnUncertain, UrlList};
 use crate::db::Database;
 use crate::db::group::Ledger;
@@ -248,7 +248,10 @@ impl Worker {
             conn,
             channel,
             consumer,
-            publisher,
+            link: Link {
+                publisher,
+                acks: Acks::new(),
+            },
         })
     }
 
@@ -267,7 +270,7 @@ impl Worker {
                 // Deliveries stay with the broker while the SMTP server is down.
                 self.breaker.wait_until_closed(&self.mailer, shutdown).await;
             }
-            if !session.publisher.is_usable() {
+            if !session.link.publisher.is_usable() {
                 anyhow::bail!("the publisher connection or its channel closed");
             }
             let permit = tokio::select! {
@@ -288,7 +291,7 @@ impl Worker {
                 Some(Err(e)) => return Err(e).context("consumer stream failed"),
                 Some(Ok(delivery)) => delivery,
             };
-            self.spawn_handle(tracker, &session.publisher, delivery, permit);
+            self.spawn_handle(tracker, &session.link, delivery, permit);
         }
     }
 
@@ -296,16 +299,16 @@ impl Worker {
     fn spawn_handle(
         self: &Arc<Self>,
         tracker: &TaskTracker,
-        publisher: &Arc<broker::Publisher>,
+        link: &Link,
         delivery: lapin::message::Delivery,
         permit: OwnedSemaphorePermit,
     ) {
         let worker = self.clone();
-        let publisher = publisher.clone();
+        let link = link.clone();
         let span = process::delivery_span(&delivery);
         tracker.spawn(
             async move {
-                worker.handle(&publisher, delivery).await;
+                worker.handle(&link, delivery).await;
                 drop(permit);
             }
             .instrument(span),
@@ -324,27 +327,36 @@ impl Worker {
             "stopped consuming; finishing deliveries in flight"
         );
         drain(tracker, self.settings.shutdown_grace).await;
-        session.publisher.close("worker shutting down").await;
+        session.link.publisher.close("worker shutting down").await;
         close(&session.conn, &session.channel).await;
     }
 
-    async fn handle(&self, publisher: &broker::Publisher, delivery: lapin::message::Delivery) {
+    async fn handle(&self, link: &Link, delivery: lapin::message::Delivery) {
         Stats::bump(&self.stats.received);
         self.stats.in_flight_add(1);
         let outcome = self.process(&delivery).await;
-        self.settle(publisher, &delivery, outcome).await;
+        self.settle(link, &delivery, outcome).await;
         self.stats.in_flight_add(-1);
         self.stats.settled();
     }
 }
 
-/// One broker session: the consuming connection and channel, and the publisher for retries and
-/// dead letters.
+/// One broker session: the consuming connection and channel, and what deliveries settle
+/// through.
 struct BrokerSession {
     conn: Connection,
     channel: Channel,
     consumer: Consumer,
+    link: Link,
+}
+
+/// What a delivery settles through: the publisher for retries and dead letters, and the acks
+/// of the channel it came on. Each delivery's task holds its own, so a delivery still in
+/// flight when its session ends settles on the channel it came on.
+#[derive(Clone)]
+struct Link {
     publisher: Arc<broker::Publisher>,
+    acks: Arc<Acks>,
 }
 
 /// Logs the end of a broker session: a warning while none could start (the broker is down or

@@ -4,18 +4,15 @@
 //! letter had to go through the queue's own dead-letter exchange). The delivery span adds
 //! `job_id`, `kind`, `attempt` and, after a send, `smtp_ms` and `smtp_reply`. Rejects are per
 //! delivery (`basic.reject`), never a bulk nack that could drag innocent deliveries along.
+//! Acks are asked for per delivery too; the channel's [`Acks`] writes the acks of a run of
+//! settled deliveries as one frame, and never one that covers a delivery not settled.
 
 use std::time::Duration;
 
-use lapin::{
-    BasicProperties,
-    message::Delivery,
-    options::{BasicAckOptions, BasicRejectOptions},
-    types::AMQPValue,
-};
+use lapin::{BasicProperties, message::Delivery, options::BasicRejectOptions, types::AMQPValue};
 
-use super::{ErrorClass, OTHER_KIND, Outcome, Stats, Worker};
-use crate::broker::{self, PublishError, Topology};
+use super::{ErrorClass, Link, OTHER_KIND, Outcome, Stats, Worker};
+use crate::broker::{self, Acks, PublishError, Topology};
 use crate::job::mask_addresses;
 
 /// How long an ack or reject may take to be written. lapin resolves it once written; an ack
@@ -25,16 +22,11 @@ use crate::job::mask_addresses;
 const SETTLE_TIMEOUT: Duration = Duration::from_secs(10);
 
 impl Worker {
-    pub(super) async fn settle(
-        &self,
-        publisher: &broker::Publisher,
-        delivery: &Delivery,
-        outcome: Outcome,
-    ) {
+    pub(super) async fn settle(&self, link: &Link, delivery: &Delivery, outcome: Outcome) {
         match outcome {
-            Outcome::Ack { duplicate } => self.settle_done(delivery, duplicate).await,
+            Outcome::Ack { duplicate } => self.settle_done(&link.acks, delivery, duplicate).await,
             Outcome::Retry { delay, reason } => {
-                self.settle_retry(publisher, delivery, delay, &reason).await
+                self.settle_retry(link, delivery, delay, &reason).await
             }
             Outcome::Suppressed { reason } => {
                 tracing::info!(
@@ -43,27 +35,27 @@ impl Worker {
                     "not sent: suppressed"
                 );
                 Stats::bump(&self.stats.suppressed);
-                self.ack(delivery).await;
+                self.ack(&link.acks, delivery).await;
             }
             Outcome::Defer { delay, until } => {
-                self.settle_defer(publisher, delivery, delay, until).await
+                self.settle_defer(link, delivery, delay, until).await
             }
             Outcome::Held { delay, reason } => {
-                self.settle_held(publisher, delivery, delay, &reason).await
+                self.settle_held(link, delivery, delay, &reason).await
             }
             Outcome::DeadLetter {
                 class,
                 reason,
                 attempts,
             } => {
-                self.settle_dead(publisher, delivery, class, &reason, attempts)
+                self.settle_dead(link, delivery, class, &reason, attempts)
                     .await
             }
         }
     }
 
     /// Sent now, or earlier (a duplicate): counts it and acks.
-    async fn settle_done(&self, delivery: &Delivery, duplicate: bool) {
+    async fn settle_done(&self, acks: &Acks, delivery: &Delivery, duplicate: bool) {
         if duplicate {
             tracing::info!(
                 outcome = "duplicate",
@@ -79,21 +71,16 @@ impl Worker {
             Stats::bump(&stats.sent);
             Stats::bump(&stats.kind(&self.kind_label(delivery)).sent);
         }
-        self.ack(delivery).await;
+        self.ack(acks, delivery).await;
     }
 
     /// Publishes a copy to the retry tier for `delay` (confirmed), then acks; if the publish
     /// fails, the delivery goes back to the queue instead.
-    async fn settle_retry(
-        &self,
-        publisher: &broker::Publisher,
-        delivery: &Delivery,
-        delay: Duration,
-        reason: &str,
-    ) {
+    async fn settle_retry(&self, link: &Link, delivery: &Delivery, delay: Duration, reason: &str) {
         let props = retry_properties(delivery, delay, reason);
         let exchange = &self.settings.topology.retry_exchange;
-        match publisher
+        match link
+            .publisher
             .publish(
                 exchange,
                 delivery.routing_key.as_str(),
@@ -112,11 +99,11 @@ impl Worker {
                 );
                 Stats::bump(&self.stats.retried);
                 Stats::bump(&self.stats.kind(&self.kind_label(delivery)).retried);
-                self.ack(delivery).await;
+                self.ack(&link.acks, delivery).await;
             }
             Err(e) => {
                 tracing::warn!(outcome = "requeued", error = %e, reason = mask_addresses(reason), "cannot schedule the retry; returning the delivery to the queue");
-                self.reject(delivery, true).await;
+                self.reject(&link.acks, delivery, true).await;
             }
         }
     }
@@ -126,12 +113,12 @@ impl Worker {
     /// queue instead.
     async fn settle_defer(
         &self,
-        publisher: &broker::Publisher,
+        link: &Link,
         delivery: &Delivery,
         delay: Duration,
         until: chrono::DateTime<chrono::Utc>,
     ) {
-        if self.park(publisher, delivery, delay).await {
+        if self.park(link, delivery, delay).await {
             let delay_ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX);
             let send_at = until.to_rfc3339();
             tracing::info!(
@@ -141,19 +128,13 @@ impl Worker {
                 "not due yet; parked"
             );
             Stats::bump(&self.stats.deferred);
-            self.ack(delivery).await;
+            self.ack(&link.acks, delivery).await;
         }
     }
 
     /// Parks a job held back by a sending limit, like one not due yet.
-    async fn settle_held(
-        &self,
-        publisher: &broker::Publisher,
-        delivery: &Delivery,
-        delay: Duration,
-        reason: &str,
-    ) {
-        if self.park(publisher, delivery, delay).await {
+    async fn settle_held(&self, link: &Link, delivery: &Delivery, delay: Duration, reason: &str) {
+        if self.park(link, delivery, delay).await {
             let delay_ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX);
             tracing::info!(
                 outcome = "held",
@@ -162,18 +143,13 @@ impl Worker {
                 "held back by a sending limit; parked"
             );
             Stats::bump(&self.stats.held);
-            self.ack(delivery).await;
+            self.ack(&link.acks, delivery).await;
         }
     }
 
     /// Publishes a copy to the tier of `delay` (confirmed), its attempt count and last error
     /// unchanged; if that fails, the delivery goes back to the queue instead (`false`).
-    async fn park(
-        &self,
-        publisher: &broker::Publisher,
-        delivery: &Delivery,
-        delay: Duration,
-    ) -> bool {
+    async fn park(&self, link: &Link, delivery: &Delivery, delay: Duration) -> bool {
         let props = broker::with_headers(
             &delivery.properties,
             &[(
@@ -183,14 +159,15 @@ impl Worker {
         );
         let exchange = &self.settings.topology.retry_exchange;
         let key = delivery.routing_key.as_str();
-        match publisher
+        match link
+            .publisher
             .publish(exchange, key, &delivery.data, props)
             .await
         {
             Ok(()) => true,
             Err(e) => {
                 tracing::warn!(outcome = "requeued", error = %e, "cannot park the job in a delay tier; returning the delivery to the queue");
-                self.reject(delivery, true).await;
+                self.reject(&link.acks, delivery, true).await;
                 false
             }
         }
@@ -202,7 +179,7 @@ impl Worker {
     /// own dead-letter exchange.
     async fn settle_dead(
         &self,
-        publisher: &broker::Publisher,
+        link: &Link,
         delivery: &Delivery,
         class: ErrorClass,
         reason: &str,
@@ -216,7 +193,8 @@ impl Worker {
         let key = delivery.routing_key.as_str();
         #[cfg(feature = "failpoints")]
         crate::failpoint::hit_job("worker.before_dead_letter", &failpoint_job_id(delivery)).await;
-        let mut published = publisher
+        let mut published = link
+            .publisher
             .publish(dlx, key, &delivery.data, props.clone())
             .await
             .map_err(anyhow::Error::from);
@@ -240,7 +218,7 @@ impl Worker {
                 );
                 self.stats
                     .dead_lettered(&self.kind_label(delivery), class.as_str());
-                self.ack(delivery).await;
+                self.ack(&link.acks, delivery).await;
             }
             Err(e) => {
                 // The queue's own dead-letter exchange keeps the message (at-least-once),
@@ -248,7 +226,7 @@ impl Worker {
                 tracing::error!(outcome = "dead", error = %format!("{e:#}"), class = class.as_str(), reason = mask_addresses(reason), "cannot publish to the dead-letter exchange; rejecting to the queue's DLX");
                 self.stats
                     .dead_lettered(&self.kind_label(delivery), class.as_str());
-                self.reject(delivery, false).await;
+                self.reject(&link.acks, delivery, false).await;
             }
         }
     }
@@ -269,10 +247,10 @@ impl Worker {
         Ok(published?)
     }
 
-    async fn ack(&self, delivery: &Delivery) {
+    async fn ack(&self, acks: &Acks, delivery: &Delivery) {
         // Whatever the outcome, it is recorded (or published) by now; only the ack is missing.
         crate::failpoint::hit("worker.before_ack").await;
-        let ack = delivery.ack(BasicAckOptions::default());
+        let ack = acks.ack(&delivery.acker, delivery.delivery_tag);
         match tokio::time::timeout(SETTLE_TIMEOUT, ack).await {
             Ok(Ok(true)) => {}
             Ok(Ok(false)) => self.unsettled("ack not sent: the channel is closed; the broker will redeliver and the claim deduplicates"),
@@ -281,10 +259,11 @@ impl Worker {
         }
     }
 
-    async fn reject(&self, delivery: &Delivery, requeue: bool) {
+    async fn reject(&self, acks: &Acks, delivery: &Delivery, requeue: bool) {
         let reject = delivery.reject(BasicRejectOptions { requeue });
         match tokio::time::timeout(SETTLE_TIMEOUT, reject).await {
-            Ok(Ok(true)) => {}
+            // Written: a later `multiple` ack may pass over it.
+            Ok(Ok(true)) => acks.rejected(delivery.delivery_tag),
             Ok(Ok(false)) => {
                 self.unsettled("reject not sent: the channel is closed; the broker will redeliver")
             }

@@ -8,6 +8,7 @@
 
 mod helpers;
 
+mod acks;
 mod binlog;
 mod cluster;
 mod console;

@@ -30,7 +30,7 @@ mod latency;
 pub mod ledger_cost;
 mod mysql;
 pub mod pair;
-mod procstat;
+pub mod procstat;
 mod raw;
 mod relay;
 mod relay_alone;

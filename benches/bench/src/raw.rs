@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use futures_util::{StreamExt, TryStreamExt};
 use lapin::{Connection, options::*, types::FieldTable};
-use mailroom::broker;
+use mailroom::broker::{self, Acks};
 use mailroom::db::Database;
 use mailroom::db::LedgerStatus;
 use mailroom::db::group::Ledger;
@@ -57,6 +57,9 @@ pub struct RawBroker {
     /// The same, one message at a time.
     pub floor: Lat,
     pub cpu: CpuShare,
+    /// Consume + ack of a backlog (what a worker-only run asks of the broker): deliveries/s.
+    pub drain_rate: f64,
+    pub drain_cpu: CpuShare,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -75,6 +78,8 @@ pub struct RawDb {
     /// One claim + record at a time (the sum of both statements).
     pub floor: Lat,
     pub cpu: CpuShare,
+    /// The CPU of the grouped run.
+    pub grouped_cpu: CpuShare,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -103,7 +108,65 @@ pub async fn broker(services: &Services, n: usize, floor_n: usize) -> anyhow::Re
     let world = World::create(services, "raw-broker", 1).await?;
     let result = broker_in(&world, services, n, floor_n).await;
     world.cleanup().await;
-    result
+    let mut result = result?;
+    let world = World::create(services, "raw-drain", 1).await?;
+    let drain = drain_in(&world, services, n).await;
+    world.cleanup().await;
+    (result.drain_rate, result.drain_cpu) = drain?;
+    Ok(result)
+}
+
+/// A backlog of `n` jobs published first, then consumed with the worker's prefetch and acked
+/// through the worker's [`Acks`], one ask per delivery from a task of its own: deliveries/s
+/// and the CPU of the drain alone.
+async fn drain_in(world: &World, services: &Services, n: usize) -> anyhow::Result<(f64, CpuShare)> {
+    futures_util::stream::iter(0..n)
+        .map(|i| {
+            let (job_id, body) = workload::job("rawd", i, chrono::Utc::now());
+            let props = broker::job_properties(&job_id, KIND, 1);
+            let ch = world.publisher.clone();
+            let exchange = world.topology.exchange.clone();
+            async move { broker::publish_confirmed(&ch, &exchange, KIND, &body, props).await }
+        })
+        .buffer_unordered(PUBLISH_WINDOW)
+        .try_collect::<Vec<()>>()
+        .await?;
+    let cconn = Connection::connect(&services.amqp_url, Default::default()).await?;
+    let cch = cconn.create_channel().await?;
+    cch.basic_qos(WORKER_PREFETCH, BasicQosOptions::default())
+        .await?;
+    let roles = Roles::default();
+    let before = Snapshot::take(&roles);
+    let t0 = Instant::now();
+    let mut consumer = cch
+        .basic_consume(
+            world.topology.queue.as_str().into(),
+            "".into(),
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        )
+        .await?;
+    let acks = Acks::new();
+    let acked = Arc::new(AtomicUsize::new(0));
+    for _ in 0..n {
+        let delivery = tokio::time::timeout(Duration::from_secs(60), consumer.next())
+            .await
+            .context("broker drain: deliveries stopped")?
+            .context("consumer ended")??;
+        let (acks, acked) = (acks.clone(), acked.clone());
+        tokio::spawn(async move {
+            if let Ok(true) = acks.ack(&delivery.acker, delivery.delivery_tag).await {
+                acked.fetch_add(1, Ordering::Relaxed);
+            }
+        });
+    }
+    while acked.load(Ordering::Relaxed) < n {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    let elapsed = t0.elapsed().as_secs_f64();
+    let cpu = before.share_until(&Snapshot::take(&roles));
+    let _ = cconn.close(200, "done".into()).await;
+    Ok((n as f64 / elapsed, cpu))
 }
 
 async fn broker_in(
@@ -211,6 +274,8 @@ async fn broker_in(
         loaded: loaded.summary(true),
         floor: floor.summary(false),
         cpu,
+        drain_rate: 0.0,
+        drain_cpu: CpuShare::default(),
     })
 }
 
@@ -266,7 +331,7 @@ async fn database_in(
     }
     let (rate, claim, record, cpu) = pairs(&direct, floor_n, n, concurrency).await?;
     let grouped = Ledger::direct(db.clone(), Default::default()).grouped(GROUP);
-    let (grouped_rate, ..) = pairs(&grouped, floor_n + n, n, concurrency).await?;
+    let (grouped_rate, _, _, grouped_cpu) = pairs(&grouped, floor_n + n, n, concurrency).await?;
     let stats = grouped.stats();
     let mean_group = stats.writes.load(Ordering::Relaxed) as f64
         / stats.groups.load(Ordering::Relaxed).max(1) as f64;
@@ -281,6 +346,7 @@ async fn database_in(
         record,
         floor: floor.summary(false),
         cpu,
+        grouped_cpu,
     })
 }
 
