@@ -250,7 +250,7 @@ impl Worker {
             consumer,
             link: Link {
                 publisher,
-                acks: Acks::new(),
+                acks: Acks::new(broker::ACK_HOLD),
             },
         })
     }
@@ -327,6 +327,8 @@ impl Worker {
             "stopped consuming; finishing deliveries in flight"
         );
         drain(tracker, self.settings.shutdown_grace).await;
+        let (frames, acks) = session.link.acks.written();
+        tracing::info!(acks, frames, "acks of this session written");
         session.link.publisher.close("worker shutting down").await;
         close(&session.conn, &session.channel).await;
     }

@@ -4,7 +4,9 @@
 //! recorded. What changes is the frame that carries it: when every delivery tag from the
 //! lowest unsettled one up to an acked one is settled, one `basic.ack` with `multiple` set
 //! carries all the acks of that run. An ack beyond a delivery that is still being worked on
-//! goes out on its own at once, as it always did: no ack waits for another delivery.
+//! waits for it at most the hold ([`ACK_HOLD`] in the worker), then goes out on its own.
+//! Deliveries finish a little out of order (one SMTP reply is slower than the next), so
+//! without the hold most acks would find a gap before them and go alone.
 //!
 //! The broker applies a `multiple` ack to every unacked delivery at or below its tag, so it is
 //! only ever written when each of those was settled here: acked (in this frame or an earlier
@@ -21,10 +23,15 @@
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use lapin::Acker;
 use lapin::options::BasicAckOptions;
 use tokio::sync::{Notify, oneshot};
+
+/// How long the worker lets an ack past a delivery still in flight wait for that delivery to
+/// be settled, so that both go in one frame.
+pub const ACK_HOLD: Duration = Duration::from_millis(2);
 
 /// The acks of one consuming channel. Cheap to share: clone the `Arc` it comes in.
 pub struct Acks {
@@ -34,6 +41,8 @@ pub struct Acks {
 
 struct Shared {
     tags: Mutex<Tags<Waiter>>,
+    /// How long an ack past a gap may wait for the gap to close.
+    hold: Duration,
     wake: Notify,
     frames: AtomicU64,
     acks: AtomicU64,
@@ -48,9 +57,10 @@ struct Waiter {
 impl Acks {
     /// Acks for a channel that has delivered nothing yet. Must be called in a Tokio runtime: it
     /// spawns the task that writes the frames, which ends when the `Acks` is dropped.
-    pub fn new() -> Arc<Acks> {
+    pub fn new(hold: Duration) -> Arc<Acks> {
         let shared = Arc::new(Shared {
             tags: Mutex::new(Tags::new()),
+            hold,
             wake: Notify::new(),
             frames: AtomicU64::new(0),
             acks: AtomicU64::new(0),
@@ -67,7 +77,9 @@ impl Acks {
             acker: acker.clone(),
             done,
         };
-        self.shared.tags().settle(tag, Some(waiter));
+        self.shared
+            .tags()
+            .settle(tag, Some((waiter, Instant::now())));
         self.shared.wake.notify_one();
         // The flusher ends only with the `Acks`, which `self` keeps alive.
         result.await.unwrap_or(Ok(false))
@@ -104,9 +116,19 @@ impl Shared {
 /// Writes the frames each wake-up plans, one batch at a time: acks asked for while a batch is
 /// being written go out together in the next one.
 async fn flush(shared: Arc<Shared>) {
+    let mut due = None;
     loop {
-        shared.wake.notified().await;
-        let frames = shared.tags().plan();
+        match due {
+            Some(due) => {
+                tokio::select! {
+                    _ = shared.wake.notified() => {}
+                    _ = tokio::time::sleep_until(due) => {}
+                }
+            }
+            None => shared.wake.notified().await,
+        }
+        let (frames, next) = shared.tags().plan(Instant::now(), shared.hold);
+        due = next.map(tokio::time::Instant::from_std);
         let writes = frames.into_iter().map(|frame| {
             let shared = &shared;
             async move {
@@ -142,7 +164,7 @@ pub(crate) struct Tags<W> {
     floor: u64,
     /// Settled tags at or above `floor`: `Some` for an ack not yet planned, `None` for a
     /// delivery already settled by a frame of its own (a reject, or an ack past a gap).
-    above: BTreeMap<u64, Option<W>>,
+    above: BTreeMap<u64, Option<(W, Instant)>>,
 }
 
 impl<W> Tags<W> {
@@ -155,20 +177,21 @@ impl<W> Tags<W> {
 
     /// Records the delivery of `tag` as settled: by an ack still to write (`Some`), or by a
     /// frame already written (`None`).
-    pub fn settle(&mut self, tag: u64, ack: Option<W>) {
+    pub fn settle(&mut self, tag: u64, ack: Option<(W, Instant)>) {
         debug_assert!(tag >= self.floor, "delivery tag {tag} settled twice");
         self.above.insert(tag, ack);
     }
 
-    /// The frames that write every ack asked for: one (`multiple` when it carries several) for
-    /// the acks in the run of settled tags from the floor, then one for each ack beyond a gap.
-    pub fn plan(&mut self) -> Vec<Frame<W>> {
+    /// The frames to write at `now`: one (`multiple` when it carries several) for the acks in
+    /// the run of settled tags from the floor, and one for each ack beyond a gap that has
+    /// waited `hold` for the gap to close; and when the next held ack is due.
+    pub fn plan(&mut self, now: Instant, hold: Duration) -> (Vec<Frame<W>>, Option<Instant>) {
         let mut run = Vec::new();
         while let Some(entry) = self.above.first_entry() {
             if *entry.key() != self.floor {
                 break;
             }
-            if let Some(ack) = entry.remove() {
+            if let Some((ack, _)) = entry.remove() {
                 run.push(ack);
             }
             self.floor += 1;
@@ -177,12 +200,22 @@ impl<W> Tags<W> {
         if !run.is_empty() {
             frames.push(Frame { waiters: run });
         }
-        for ack in self.above.values_mut() {
-            if let Some(ack) = ack.take() {
-                frames.push(Frame { waiters: vec![ack] });
+        let mut next: Option<Instant> = None;
+        for held in self.above.values_mut() {
+            match held {
+                Some((_, since)) if now.saturating_duration_since(*since) < hold => {
+                    let due = *since + hold;
+                    next = Some(next.map_or(due, |n| n.min(due)));
+                }
+                Some(_) => {
+                    if let Some((ack, _)) = held.take() {
+                        frames.push(Frame { waiters: vec![ack] });
+                    }
+                }
+                None => {}
             }
         }
-        frames
+        (frames, next)
     }
 }
 
@@ -190,15 +223,29 @@ impl<W> Tags<W> {
 mod tests {
     use super::*;
 
+    /// Plans with no hold: every ack past a gap goes at once.
     fn plan(tags: &mut Tags<u64>) -> Vec<Vec<u64>> {
-        tags.plan().into_iter().map(|f| f.waiters).collect()
+        plan_at(tags, Instant::now(), Duration::ZERO).0
+    }
+
+    fn plan_at(
+        tags: &mut Tags<u64>,
+        now: Instant,
+        hold: Duration,
+    ) -> (Vec<Vec<u64>>, Option<Instant>) {
+        let (frames, next) = tags.plan(now, hold);
+        (frames.into_iter().map(|f| f.waiters).collect(), next)
+    }
+
+    fn ack(tags: &mut Tags<u64>, tag: u64) {
+        tags.settle(tag, Some((tag, Instant::now())));
     }
 
     #[test]
     fn a_run_of_acks_from_the_first_tag_is_one_frame() {
         let mut tags = Tags::new();
         for tag in [3, 1, 2] {
-            tags.settle(tag, Some(tag));
+            ack(&mut tags, tag);
         }
         assert_eq!(plan(&mut tags), vec![vec![1, 2, 3]]);
         assert_eq!(tags.floor, 4);
@@ -208,25 +255,50 @@ mod tests {
     #[test]
     fn an_ack_beyond_an_unsettled_delivery_goes_alone_and_the_gap_is_never_crossed() {
         let mut tags = Tags::new();
-        tags.settle(1, Some(1));
-        tags.settle(3, Some(3));
-        tags.settle(4, Some(4));
+        ack(&mut tags, 1);
+        ack(&mut tags, 3);
+        ack(&mut tags, 4);
         // 2 is still being worked on: 3 and 4 may not ride on a `multiple` ack.
         assert_eq!(plan(&mut tags), vec![vec![1], vec![3], vec![4]]);
         assert_eq!(tags.floor, 2);
         // Once 2 is acked, the run 2..=4 is settled, but 3 and 4 were written already.
-        tags.settle(2, Some(2));
-        tags.settle(5, Some(5));
+        ack(&mut tags, 2);
+        ack(&mut tags, 5);
         assert_eq!(plan(&mut tags), vec![vec![2, 5]]);
         assert_eq!(tags.floor, 6);
     }
 
     #[test]
+    fn an_ack_past_a_gap_waits_for_the_gap_to_close_up_to_the_hold() {
+        let hold = Duration::from_millis(2);
+        let t0 = Instant::now();
+        let mut tags = Tags::new();
+        tags.settle(2, Some((2, t0)));
+        tags.settle(3, Some((3, t0 + Duration::from_millis(1))));
+        // 1 is in flight: 2 and 3 wait, and the first is due when its hold is over.
+        assert_eq!(plan_at(&mut tags, t0, hold), (vec![], Some(t0 + hold)));
+        // 1 is acked within the hold: one frame carries all three.
+        tags.settle(1, Some((1, t0 + Duration::from_millis(2))));
+        let (frames, next) = plan_at(&mut tags, t0 + Duration::from_millis(2), hold);
+        assert_eq!(frames, vec![vec![1, 2, 3]]);
+        assert_eq!(next, None);
+        // 4 is in flight past the hold of 5: 5 goes alone when due, not before.
+        tags.settle(5, Some((5, t0)));
+        let (frames, next) = plan_at(&mut tags, t0 + Duration::from_millis(4), hold);
+        assert!(frames.is_empty());
+        assert_eq!(next, Some(t0 + hold));
+        let (frames, next) = plan_at(&mut tags, t0 + hold, hold);
+        assert_eq!(frames, vec![vec![5]]);
+        assert_eq!(next, None);
+        assert_eq!(tags.floor, 4);
+    }
+
+    #[test]
     fn a_written_reject_lets_the_run_pass_it_without_acking_it() {
         let mut tags = Tags::new();
-        tags.settle(1, Some(1));
+        ack(&mut tags, 1);
         tags.settle(2, None);
-        tags.settle(3, Some(3));
+        ack(&mut tags, 3);
         // The frame's tag is 3, an acked delivery's: the broker never sees the rejected 2 in it.
         assert_eq!(plan(&mut tags), vec![vec![1, 3]]);
         assert_eq!(tags.floor, 4);
@@ -235,12 +307,12 @@ mod tests {
     #[test]
     fn a_reject_not_yet_written_is_a_gap() {
         let mut tags = Tags::new();
-        tags.settle(1, Some(1));
-        tags.settle(3, Some(3));
+        ack(&mut tags, 1);
+        ack(&mut tags, 3);
         assert_eq!(plan(&mut tags), vec![vec![1], vec![3]]);
         // Delivery 2's reject is written only now.
         tags.settle(2, None);
-        tags.settle(4, Some(4));
+        ack(&mut tags, 4);
         assert_eq!(plan(&mut tags), vec![vec![4]]);
         assert_eq!(tags.floor, 5);
     }

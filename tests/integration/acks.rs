@@ -1,5 +1,6 @@
-//! Coalesced acks on a real quorum queue: a run of settled deliveries shares one `multiple`
-//! frame, and no frame covers a delivery still in flight or one rejected back to the queue.
+//! Coalesced acks on a real quorum queue: acks wait (up to a hold) for the delivery before
+//! them, a run of settled deliveries shares one `multiple` frame, and no frame covers a
+//! delivery still in flight or one rejected back to the queue.
 
 use std::time::Duration;
 
@@ -30,7 +31,7 @@ fn id(d: &Delivery) -> String {
 // The default current-thread runtime: the acks asked for in one `join_all` are all settled
 // before the task that writes the frames runs, so the frame count is exact.
 #[tokio::test]
-async fn a_run_of_acks_shares_a_frame_that_never_covers_a_delivery_in_flight_or_a_reject() {
+async fn acks_wait_for_the_delivery_before_them_share_a_frame_and_never_cover_one_in_flight() {
     let conn = Connection::connect(&amqp_url(), Default::default())
         .await
         .unwrap();
@@ -83,7 +84,10 @@ async fn a_run_of_acks_shares_a_frame_that_never_covers_a_delivery_in_flight_or_
     }
     let tags: Vec<u64> = deliveries.iter().map(|d| d.delivery_tag).collect();
     assert_eq!(tags, (1..=20).collect::<Vec<_>>());
-    let acks = Acks::new();
+    // A hold far longer than this test's steps: acks held past a gap go out either with the
+    // run once the gap closes, or alone once the hold is over.
+    let hold = Duration::from_secs(2);
+    let acks = Acks::new(hold);
     let ack_all = |range: std::ops::RangeInclusive<usize>| {
         let acks = &acks;
         let deliveries = &deliveries;
@@ -93,36 +97,45 @@ async fn a_run_of_acks_shares_a_frame_that_never_covers_a_delivery_in_flight_or_
         }))
     };
 
-    // Delivery 5 is still being worked on while 1-4 and 6-10 are acked: 1-4 share a frame,
-    // and each of 6-10 goes alone.
-    let written = ack_all(1..=4).await;
-    assert!(written.iter().all(|w| *w));
-    let written = futures_util::future::join(ack_all(6..=8), ack_all(9..=10)).await;
-    assert!(written.0.iter().chain(&written.1).all(|w| *w));
-    // 1-4 in one frame, then 6, 7, 8, 9, 10 one frame each.
-    assert_eq!(acks.written(), (6, 9));
+    // 2-10 are acked while delivery 1 is still being worked on: they wait for it, and once it
+    // is acked one frame carries all ten.
+    let (held, first) = futures_util::future::join(ack_all(2..=10), async {
+        tokio::task::yield_now().await;
+        let d = &deliveries[0];
+        acks.ack(&d.acker, d.delivery_tag).await.unwrap()
+    })
+    .await;
+    assert!(first && held.iter().all(|w| *w));
+    assert_eq!(acks.written(), (1, 10));
 
-    // Delivery 5 goes back to the queue. Had any frame covered it, the broker would have
+    // 12-20 are acked while delivery 11 is in flight and stays so: once the hold is over,
+    // each goes alone.
+    let started = std::time::Instant::now();
+    let written = ack_all(12..=20).await;
+    assert!(written.iter().all(|w| *w));
+    assert!(
+        started.elapsed() >= hold,
+        "acks past a gap went out before the hold was over"
+    );
+    assert_eq!(acks.written(), (10, 19));
+
+    // Delivery 11 goes back to the queue. Had any frame covered it, the broker would have
     // taken it as acked: this reject would close the channel and nothing would come back.
     assert!(
-        deliveries[4]
+        deliveries[10]
             .reject(BasicRejectOptions { requeue: true })
             .await
             .unwrap()
     );
-    acks.rejected(5);
+    acks.rejected(11);
     let again = next(&mut consumer).await;
-    assert_eq!(id(&again), "m5");
+    assert_eq!(id(&again), "m11");
     assert!(again.redelivered);
     assert_eq!(again.delivery_tag, 21);
 
-    // 5-10 are settled, so the acks of 11-20 share one frame over the run 5-20, which stops
-    // below the redelivered 21.
-    let written = ack_all(11..=20).await;
-    assert!(written.iter().all(|w| *w));
-    assert_eq!(acks.written(), (7, 19));
+    // 11-20 are settled, so the ack of 21 is a run of its own, at once.
     assert!(acks.ack(&again.acker, again.delivery_tag).await.unwrap());
-    assert_eq!(acks.written(), (8, 20));
+    assert_eq!(acks.written(), (11, 20));
 
     // Every ack took: once the closed channel's consumer is gone (and with it anything it held
     // unacked put back), the queue is empty.

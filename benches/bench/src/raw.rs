@@ -146,7 +146,7 @@ async fn drain_in(world: &World, services: &Services, n: usize) -> anyhow::Resul
             FieldTable::default(),
         )
         .await?;
-    let acks = Acks::new();
+    let acks = Acks::new(broker::ACK_HOLD);
     let acked = Arc::new(AtomicUsize::new(0));
     for _ in 0..n {
         let delivery = tokio::time::timeout(Duration::from_secs(60), consumer.next())
