@@ -70,16 +70,21 @@ impl Acks {
     }
 
     /// Acks the delivery of `tag` (its `acker`): resolves once the frame that carries it is
-    /// written, with what lapin said of that frame (`Ok(false)`: the channel is closed).
+    /// written, with what lapin said of that frame; `Ok(false)` when nothing was written for
+    /// it: the channel is closed, or the delivery was settled already.
     pub async fn ack(&self, acker: &Acker, tag: u64) -> lapin::Result<bool> {
         let (done, result) = oneshot::channel();
         let waiter = Waiter {
             acker: acker.clone(),
             done,
         };
-        self.shared
+        let settled = self
+            .shared
             .tags()
             .settle(tag, Some((waiter, Instant::now())));
+        if settled.is_err() {
+            return Ok(false);
+        }
         self.shared.wake.notify_one();
         // The flusher ends only with the `Acks`, which `self` keeps alive.
         result.await.unwrap_or(Ok(false))
@@ -88,7 +93,7 @@ impl Acks {
     /// Counts the delivery of `tag` as settled by a reject that was written, so that a later
     /// `multiple` ack may cover it.
     pub fn rejected(&self, tag: u64) {
-        self.shared.tags().settle(tag, None);
+        let _ = self.shared.tags().settle(tag, None);
     }
 
     /// Ack frames written so far, and the acks they carried.
@@ -176,10 +181,15 @@ impl<W> Tags<W> {
     }
 
     /// Records the delivery of `tag` as settled: by an ack still to write (`Some`), or by a
-    /// frame already written (`None`).
-    pub fn settle(&mut self, tag: u64, ack: Option<(W, Instant)>) {
-        debug_assert!(tag >= self.floor, "delivery tag {tag} settled twice");
+    /// frame already written (`None`). A tag already settled is refused, its ack handed back:
+    /// a second ack would be a second frame for one delivery, which the broker answers by
+    /// closing the channel. (The worker settles each delivery once.)
+    pub fn settle(&mut self, tag: u64, ack: Option<(W, Instant)>) -> Result<(), Option<W>> {
+        if tag < self.floor || self.above.contains_key(&tag) {
+            return Err(ack.map(|(ack, _)| ack));
+        }
         self.above.insert(tag, ack);
+        Ok(())
     }
 
     /// The frames to write at `now`: one (`multiple` when it carries several) for the acks in
@@ -238,7 +248,7 @@ mod tests {
     }
 
     fn ack(tags: &mut Tags<u64>, tag: u64) {
-        tags.settle(tag, Some((tag, Instant::now())));
+        tags.settle(tag, Some((tag, Instant::now()))).unwrap();
     }
 
     #[test]
@@ -270,20 +280,22 @@ mod tests {
 
     #[test]
     fn an_ack_past_a_gap_waits_for_the_gap_to_close_up_to_the_hold() {
-        let hold = Duration::from_millis(2);
+        let hold = Duration::from_millis(5);
         let t0 = Instant::now();
         let mut tags = Tags::new();
-        tags.settle(2, Some((2, t0)));
-        tags.settle(3, Some((3, t0 + Duration::from_millis(1))));
+        tags.settle(2, Some((2, t0))).unwrap();
+        tags.settle(3, Some((3, t0 + Duration::from_millis(1))))
+            .unwrap();
         // 1 is in flight: 2 and 3 wait, and the first is due when its hold is over.
         assert_eq!(plan_at(&mut tags, t0, hold), (vec![], Some(t0 + hold)));
         // 1 is acked within the hold: one frame carries all three.
-        tags.settle(1, Some((1, t0 + Duration::from_millis(2))));
+        tags.settle(1, Some((1, t0 + Duration::from_millis(2))))
+            .unwrap();
         let (frames, next) = plan_at(&mut tags, t0 + Duration::from_millis(2), hold);
         assert_eq!(frames, vec![vec![1, 2, 3]]);
         assert_eq!(next, None);
         // 4 is in flight past the hold of 5: 5 goes alone when due, not before.
-        tags.settle(5, Some((5, t0)));
+        tags.settle(5, Some((5, t0))).unwrap();
         let (frames, next) = plan_at(&mut tags, t0 + Duration::from_millis(4), hold);
         assert!(frames.is_empty());
         assert_eq!(next, Some(t0 + hold));
@@ -297,7 +309,7 @@ mod tests {
     fn a_written_reject_lets_the_run_pass_it_without_acking_it() {
         let mut tags = Tags::new();
         ack(&mut tags, 1);
-        tags.settle(2, None);
+        tags.settle(2, None).unwrap();
         ack(&mut tags, 3);
         // The frame's tag is 3, an acked delivery's: the broker never sees the rejected 2 in it.
         assert_eq!(plan(&mut tags), vec![vec![1, 3]]);
@@ -311,17 +323,31 @@ mod tests {
         ack(&mut tags, 3);
         assert_eq!(plan(&mut tags), vec![vec![1], vec![3]]);
         // Delivery 2's reject is written only now.
-        tags.settle(2, None);
+        tags.settle(2, None).unwrap();
         ack(&mut tags, 4);
         assert_eq!(plan(&mut tags), vec![vec![4]]);
         assert_eq!(tags.floor, 5);
     }
 
     #[test]
+    fn a_delivery_settled_twice_is_refused_and_plans_no_second_frame() {
+        let mut tags = Tags::new();
+        ack(&mut tags, 1);
+        ack(&mut tags, 3);
+        assert_eq!(tags.settle(3, Some((3, Instant::now()))), Err(Some(3)));
+        assert_eq!(tags.settle(3, None), Err(None));
+        assert_eq!(plan(&mut tags), vec![vec![1], vec![3]]);
+        assert_eq!(tags.settle(1, Some((1, Instant::now()))), Err(Some(1)));
+        ack(&mut tags, 2);
+        assert_eq!(plan(&mut tags), vec![vec![2]]);
+        assert_eq!(tags.floor, 4);
+    }
+
+    #[test]
     fn a_run_of_rejects_alone_plans_no_frame() {
         let mut tags: Tags<u64> = Tags::new();
-        tags.settle(1, None);
-        tags.settle(2, None);
+        tags.settle(1, None).unwrap();
+        tags.settle(2, None).unwrap();
         assert!(plan(&mut tags).is_empty());
         assert_eq!(tags.floor, 3);
     }

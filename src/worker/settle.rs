@@ -253,7 +253,7 @@ impl Worker {
         let ack = acks.ack(&delivery.acker, delivery.delivery_tag);
         match tokio::time::timeout(SETTLE_TIMEOUT, ack).await {
             Ok(Ok(true)) => {}
-            Ok(Ok(false)) => self.unsettled("ack not sent: the channel is closed; the broker will redeliver and the claim deduplicates"),
+            Ok(Ok(false)) => self.unsettled("ack not sent: the channel is closed (or the delivery was settled already); the broker will redeliver and the claim deduplicates"),
             Ok(Err(e)) => self.unsettled(&format!("ack failed ({e}); the broker will redeliver and the claim deduplicates")),
             Err(_) => self.unsettled(&format!("ack not written within {SETTLE_TIMEOUT:?}; if the broker never got it, it redelivers and the claim deduplicates")),
         }
