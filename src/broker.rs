@@ -26,6 +26,7 @@ pub use connect::{
 };
 pub use declare::{
     DeadQueue, Declared, Missing, REPAIR_EVERY, Refused, declare_and_repair, declare_topology,
+    quorum_queue_args,
 };
 pub use missing::{missing, missing_parts};
 pub use publisher::{Publisher, wait_while_blocked};

@@ -231,8 +231,9 @@ async fn declare_work_queue(ch: &Channel, t: &Topology) -> anyhow::Result<()> {
     bind(ch, &t.queue, &t.exchange, "#", FieldTable::default()).await
 }
 
-/// The arguments of the quorum `<ns>.dead`.
-pub(super) fn dead_queue_args() -> FieldTable {
+/// The arguments of a plain quorum queue: those of `<ns>.dead`, and of any queue a test or the
+/// bench declares to measure the broker as mailroom uses it.
+pub fn quorum_queue_args() -> FieldTable {
     table(&[("x-queue-type", text("quorum"))])
 }
 
@@ -240,7 +241,7 @@ pub(super) fn dead_queue_args() -> FieldTable {
 /// as it is (its binding was made when it was).
 async fn declare_dead_queue(conn: &Connection, t: &Topology) -> anyhow::Result<DeadQueue> {
     let ch = conn.create_channel().await?;
-    match declare_queue(&ch, &t.dead, durable_queue(), dead_queue_args()).await {
+    match declare_queue(&ch, &t.dead, durable_queue(), quorum_queue_args()).await {
         Ok(()) => {
             bind(&ch, &t.dead, &t.dlx, "", FieldTable::default()).await?;
             let _ = ch.close(200, "declared".into()).await;

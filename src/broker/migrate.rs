@@ -105,7 +105,7 @@ async fn retire_classic(conn: &Connection, t: &Topology) -> anyhow::Result<usize
         durable: true,
         ..Default::default()
     };
-    declare_queue(&ch, &holding, durable, declare::dead_queue_args()).await?;
+    declare_queue(&ch, &holding, durable, declare::quorum_queue_args()).await?;
     bind(&ch, &holding, &t.dlx, "", FieldTable::default()).await?;
     unbind(&ch, &t.dead, &t.dlx).await?;
     let mut moved = 0;
@@ -115,7 +115,7 @@ async fn retire_classic(conn: &Connection, t: &Topology) -> anyhow::Result<usize
         match ch.queue_delete(t.dead.as_str().into(), if_empty()).await {
             Ok(_) => {
                 tracing::info!(queue = %t.dead, moved, "classic queue emptied into {holding} and deleted");
-                declare_queue(&ch, &t.dead, durable, declare::dead_queue_args()).await?;
+                declare_queue(&ch, &t.dead, durable, declare::quorum_queue_args()).await?;
                 bind(&ch, &t.dead, &t.dlx, "", FieldTable::default()).await?;
                 return Ok(moved);
             }

@@ -10,7 +10,7 @@ use lapin::options::{
     BasicConsumeOptions, BasicPublishOptions, BasicQosOptions, BasicRejectOptions,
     ConfirmSelectOptions, QueueDeclareOptions, QueueDeleteOptions,
 };
-use lapin::types::{AMQPValue, FieldTable};
+use lapin::types::FieldTable;
 use lapin::{BasicProperties, Connection};
 use mailroom::broker::Acks;
 
@@ -37,11 +37,7 @@ async fn acks_wait_for_the_delivery_before_them_share_a_frame_and_never_cover_on
         .unwrap();
     let ch = conn.create_channel().await.unwrap();
     let queue = format!("mailroom-test-acks-{}", uuid::Uuid::new_v4());
-    let mut args = FieldTable::default();
-    args.insert(
-        "x-queue-type".into(),
-        AMQPValue::LongString("quorum".into()),
-    );
+    let args = mailroom::broker::quorum_queue_args();
     let durable = QueueDeclareOptions {
         durable: true,
         ..Default::default()

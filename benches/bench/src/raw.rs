@@ -131,21 +131,10 @@ async fn drain_in(world: &World, services: &Services, n: usize) -> anyhow::Resul
         .buffer_unordered(PUBLISH_WINDOW)
         .try_collect::<Vec<()>>()
         .await?;
-    let cconn = Connection::connect(&services.amqp_url, Default::default()).await?;
-    let cch = cconn.create_channel().await?;
-    cch.basic_qos(WORKER_PREFETCH, BasicQosOptions::default())
-        .await?;
     let roles = Roles::default();
     let before = Snapshot::take(&roles);
     let t0 = Instant::now();
-    let mut consumer = cch
-        .basic_consume(
-            world.topology.queue.as_str().into(),
-            "".into(),
-            BasicConsumeOptions::default(),
-            FieldTable::default(),
-        )
-        .await?;
+    let (cconn, mut consumer) = worker_consumer(world, services).await?;
     let acks = Acks::new(broker::ACK_HOLD);
     let acked = Arc::new(AtomicUsize::new(0));
     for _ in 0..n {
@@ -169,6 +158,27 @@ async fn drain_in(world: &World, services: &Services, n: usize) -> anyhow::Resul
     Ok((n as f64 / elapsed, cpu))
 }
 
+/// A consumer of the world's work queue as a worker has one: a connection of its own and the
+/// worker's prefetch.
+async fn worker_consumer(
+    world: &World,
+    services: &Services,
+) -> anyhow::Result<(Connection, lapin::Consumer)> {
+    let conn = Connection::connect(&services.amqp_url, Default::default()).await?;
+    let ch = conn.create_channel().await?;
+    ch.basic_qos(WORKER_PREFETCH, BasicQosOptions::default())
+        .await?;
+    let consumer = ch
+        .basic_consume(
+            world.topology.queue.as_str().into(),
+            "".into(),
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        )
+        .await?;
+    Ok((conn, consumer))
+}
+
 async fn broker_in(
     world: &World,
     services: &Services,
@@ -180,19 +190,7 @@ async fn broker_in(
     let sent: Arc<Vec<AtomicU64>> = Arc::new((0..total).map(|_| AtomicU64::new(0)).collect());
     let stamp = |i: usize| sent[i].store(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
 
-    // The consumer: its own connection, as a worker process has.
-    let cconn = Connection::connect(&services.amqp_url, Default::default()).await?;
-    let cch = cconn.create_channel().await?;
-    cch.basic_qos(WORKER_PREFETCH, BasicQosOptions::default())
-        .await?;
-    let mut consumer = cch
-        .basic_consume(
-            world.topology.queue.as_str().into(),
-            "".into(),
-            BasicConsumeOptions::default(),
-            FieldTable::default(),
-        )
-        .await?;
+    let (cconn, mut consumer) = worker_consumer(world, services).await?;
     let (tx, mut rx) = mpsc::unbounded_channel::<(usize, Duration)>();
     let acked = Arc::new(AtomicUsize::new(0));
     let consume = {

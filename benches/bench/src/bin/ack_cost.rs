@@ -19,7 +19,7 @@ use lapin::options::{
     BasicAckOptions, BasicConsumeOptions, BasicPublishOptions, BasicQosOptions,
     ConfirmSelectOptions, QueueDeclareOptions, QueueDeleteOptions,
 };
-use lapin::types::{AMQPValue, FieldTable};
+use lapin::types::FieldTable;
 use lapin::{BasicProperties, Connection};
 use mailroom_bench::procstat::{Roles, Snapshot};
 
@@ -51,11 +51,7 @@ async fn run(url: &str, n: usize, rate: Option<f64>, k: usize) -> anyhow::Result
     let _ = ch
         .queue_delete(queue.into(), QueueDeleteOptions::default())
         .await;
-    let mut args = FieldTable::default();
-    args.insert(
-        "x-queue-type".into(),
-        AMQPValue::LongString("quorum".into()),
-    );
+    let args = mailroom::broker::quorum_queue_args();
     let durable = QueueDeclareOptions {
         durable: true,
         ..Default::default()

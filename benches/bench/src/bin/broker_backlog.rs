@@ -13,7 +13,6 @@ use anyhow::Context;
 use lapin::options::{
     BasicPublishOptions, ConfirmSelectOptions, QueueDeclareOptions, QueueDeleteOptions,
 };
-use lapin::types::{AMQPValue, FieldTable};
 use lapin::{BasicProperties, Connection};
 use serde_json::json;
 
@@ -36,11 +35,7 @@ async fn main() -> anyhow::Result<()> {
         return Ok(());
     }
     let n: usize = what.parse().context("n")?;
-    let mut args = FieldTable::default();
-    args.insert(
-        "x-queue-type".into(),
-        AMQPValue::LongString("quorum".into()),
-    );
+    let args = mailroom::broker::quorum_queue_args();
     let durable = QueueDeclareOptions {
         durable: true,
         ..Default::default()
