@@ -31,7 +31,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::path::Path;
 
-use handlebars::Handlebars;
+use handlebars::{Context, Handlebars};
 use serde_json::Value;
 
 pub use error::{RenderError, TemplateError};
@@ -141,12 +141,14 @@ impl Templates {
                 kind: kind.to_owned(),
             })?;
         let chain = locale_chain(locale);
+        // One copy of the data for the three parts (`Handlebars::render` copies it for each).
+        let context = Context::from(data.clone());
         let part = |registry: &Handlebars<'static>, variants: &Variants| {
             variants
                 .pick(&chain)
                 .map(|name| {
                     registry
-                        .render(name, data)
+                        .render_with_context(name, &context)
                         .map_err(|e| error::from_handlebars(kind, name, &e))
                 })
                 .transpose()

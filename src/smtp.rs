@@ -6,6 +6,7 @@
 //! into a claim's lease) and runs under a whole-send timeout (lettre's connection has no I/O
 //! timeout of its own); a failure is classified by the SMTP phase it happened in ([`session`]).
 
+mod body;
 pub mod dkim;
 mod endpoint;
 mod pool;
@@ -333,10 +334,10 @@ pub fn build_message(
     let b = extra_headers(recipients(b, job), job)?;
     Ok(match &email.text {
         Some(text) => b.multipart(MultiPart::alternative_plain_html(
-            text.clone(),
-            email.html.clone(),
+            body::encode(text),
+            body::encode(&email.html),
         ))?,
-        None => b.singlepart(SinglePart::html(email.html.clone()))?,
+        None => b.singlepart(SinglePart::html(body::encode(&email.html)))?,
     })
 }
 

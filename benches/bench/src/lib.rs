@@ -36,7 +36,7 @@ mod relay;
 mod relay_alone;
 mod report;
 mod workers;
-mod workload;
+pub mod workload;
 mod world;
 
 use std::path::PathBuf;
