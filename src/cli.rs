@@ -44,6 +44,17 @@ pub struct Cli {
         value_enum
     )]
     pub log_format: LogFormat,
+    /// Threads that run the process's tasks. 1: every task on one thread, which costs the
+    /// least CPU per email; run one worker per core to use more cores. More: tasks spread over
+    /// that many threads (docs/OPERATING.md, "Threads").
+    #[arg(
+        long,
+        global = true,
+        env = "MAILROOM_THREADS",
+        default_value_t = 1,
+        value_parser = clap::value_parser!(u16).range(1..=1024)
+    )]
+    pub threads: u16,
 }
 
 #[derive(Debug, Subcommand)]
@@ -128,6 +139,19 @@ pub struct MetricsOptions {
 }
 
 impl Cli {
+    /// The runtime `--threads` asks for: one thread runs every task (Tokio's current-thread
+    /// scheduler), or a pool of that many threads shares them (the multi-thread scheduler).
+    pub fn runtime(&self) -> std::io::Result<tokio::runtime::Runtime> {
+        let mut builder = if self.threads == 1 {
+            tokio::runtime::Builder::new_current_thread()
+        } else {
+            let mut builder = tokio::runtime::Builder::new_multi_thread();
+            builder.worker_threads(self.threads.into());
+            builder
+        };
+        builder.enable_all().build()
+    }
+
     /// Runs the chosen command until it is done or a signal stops it.
     pub async fn run(self) -> anyhow::Result<()> {
         match self.command {
@@ -151,5 +175,37 @@ impl Cli {
             Command::Broker(args) => args.run().await,
             Command::Templates(args) => args.run().await,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+    use tokio::runtime::RuntimeFlavor;
+
+    use super::Cli;
+
+    fn cli(args: &[&str]) -> Result<Cli, clap::Error> {
+        let status = [
+            "status",
+            "--database-url",
+            "postgres://db.example/app",
+            "job-1",
+        ];
+        Cli::try_parse_from(["mailroom"].iter().chain(args).chain(&status))
+    }
+
+    #[test]
+    fn one_thread_runs_every_task_unless_more_are_asked_for() {
+        let default = cli(&[]).unwrap().runtime().unwrap();
+        assert_eq!(
+            default.handle().runtime_flavor(),
+            RuntimeFlavor::CurrentThread
+        );
+        let three = cli(&["--threads", "3"]).unwrap().runtime().unwrap();
+        assert_eq!(three.handle().runtime_flavor(), RuntimeFlavor::MultiThread);
+        assert_eq!(three.metrics().num_workers(), 3);
+        let err = cli(&["--threads", "0"]).unwrap_err().to_string();
+        assert!(err.contains("--threads"), "{err}");
     }
 }

@@ -5,9 +5,19 @@
 use clap::Parser;
 use mailroom::exit;
 
-#[tokio::main]
-async fn main() -> std::process::ExitCode {
+fn main() -> std::process::ExitCode {
     let cli = mailroom::cli::Cli::parse();
+    let runtime = match cli.runtime() {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            eprintln!("error: cannot start the runtime's threads: {e}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    runtime.block_on(run(cli))
+}
+
+async fn run(cli: mailroom::cli::Cli) -> std::process::ExitCode {
     mailroom::telemetry::init(cli.log_format);
     mailroom::failpoint::warn_if_ignored();
     match cli.run().await {

@@ -8,12 +8,16 @@ use crate::helpers::*;
 #[tokio::test]
 async fn sigterm_with_50_jobs_in_flight_sends_all_once_and_exits_0() {
     // Each send takes three seconds at the server, so all 50 are in flight when SIGTERM arrives.
+    // Three runtime threads: the other worker processes of the suite run on the default one, so
+    // this is where tasks settling on several threads at once meet a shutdown.
     let app = TestApp::spawn_with(&["--data-delay", "3.0"]).await;
     for i in 0..50 {
         app.publish(&app.job(&format!("inflight-{i}"))).await;
     }
     let mut worker = app.spawn_worker_process(
         &[
+            "--threads",
+            "3",
             "--concurrency",
             "64",
             "--prefetch",
