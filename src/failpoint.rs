@@ -11,7 +11,9 @@
 //! `abort` kills the process on the spot (a real crash: no destructors, no acks, no commits);
 //! `pause` parks the task forever so a test can SIGKILL the process at exactly that point;
 //! `delay:2s` holds the task that long at every hit, `delay-once:2s` at the first hit only (a
-//! slow step: a claim that takes most of its lease).
+//! slow step: a claim that takes most of its lease); `until:PATH` holds it until the file PATH
+//! exists, which the test creates once the fault it needs at that step has landed (no race
+//! between the fault and a fixed delay).
 //! They exist only in builds with the `failpoints` cargo feature, which `cargo test` turns on
 //! (mailroom is its own dev-dependency with that feature) and `cargo build` does not: a release
 //! binary carries no failpoint, and says so once if `MAILROOM_FAILPOINTS` is set anyway.
@@ -70,12 +72,15 @@ mod armed {
             once: bool,
             spent: AtomicBool,
         },
+        /// Waits until this file exists.
+        Until(std::path::PathBuf),
     }
 
     impl PartialEq for Action {
         fn eq(&self, other: &Action) -> bool {
             match (self, other) {
                 (Action::Abort, Action::Abort) | (Action::Pause, Action::Pause) => true,
+                (Action::Until(a), Action::Until(b)) => a == b,
                 (
                     Action::Delay { wait, once, .. },
                     Action::Delay {
@@ -110,8 +115,9 @@ mod armed {
                     "pause" => Action::Pause,
                     other if let Some(a) = other.strip_prefix("delay:").and_then(|d| delay(d, false)) => a,
                     other if let Some(a) = other.strip_prefix("delay-once:").and_then(|d| delay(d, true)) => a,
+                    other if let Some(path) = other.strip_prefix("until:").filter(|p| !p.is_empty()) => Action::Until(path.into()),
                     other => {
-                        eprintln!("mailroom: ignoring failpoint {name}={other}: use abort, pause, delay:DURATION or delay-once:DURATION");
+                        eprintln!("mailroom: ignoring failpoint {name}={other}: use abort, pause, delay:DURATION, delay-once:DURATION or until:PATH");
                         return None;
                     }
                 };
@@ -138,6 +144,12 @@ mod armed {
                 }
                 tracing::warn!(failpoint = name, ?wait, "failpoint: delaying this delivery");
                 tokio::time::sleep(*wait).await;
+            }
+            Some(Action::Until(path)) => {
+                tracing::warn!(failpoint = name, path = %path.display(), "failpoint: holding this delivery until the file exists");
+                while !path.exists() {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
             }
         }
     }
@@ -175,6 +187,13 @@ mod armed {
             assert_eq!(armed.get("a"), delay("2s", false).as_ref());
             assert_eq!(armed.get("b"), delay("150ms", true).as_ref());
             assert_eq!(armed.get("c"), None);
+        }
+
+        #[test]
+        fn parses_a_hold_until_a_file_exists() {
+            let armed = parse("a=until:/tmp/go;b=until:");
+            assert_eq!(armed.get("a"), Some(&Action::Until("/tmp/go".into())));
+            assert_eq!(armed.get("b"), None);
         }
 
         #[test]

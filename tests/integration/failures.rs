@@ -205,11 +205,17 @@ async fn a_retry_lands_in_exactly_one_tier_and_comes_back_once() {
 async fn a_dead_letter_whose_publisher_connection_closed_keeps_its_reason() {
     let vhost = Vhost::create().await;
     let app = TestApp::spawn_on(vhost.url.clone(), &["--fail", "RCPT:550"]).await;
+    // The dead letter waits at its failpoint until the connection is closed, however long
+    // rabbitmqctl takes to close it.
+    let release = app.dir.path().join("release");
     let _worker = app.spawn_worker_process(
         &[],
         &[(
             "MAILROOM_FAILPOINTS",
-            "worker.before_dead_letter@refused=delay-once:3s",
+            &format!(
+                "worker.before_dead_letter@refused=until:{}",
+                release.display()
+            ),
         )],
     );
     app.publish(&app.job("refused")).await;
@@ -218,12 +224,13 @@ async fn a_dead_letter_whose_publisher_connection_closed_keeps_its_reason() {
         "the worker to hold the dead letter at its failpoint",
         || async {
             let text = std::fs::read_to_string(&log).ok()?;
-            text.contains("failpoint: delaying this delivery")
+            text.contains("failpoint: holding this delivery")
                 .then_some(())
         },
     )
     .await;
     close_connections_named(&vhost, " publisher").await;
+    std::fs::write(&release, "").unwrap();
 
     let dead = app.dead_letters(1).await;
     assert_eq!(
