@@ -15,6 +15,7 @@ mod session;
 mod tests;
 mod tls;
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use lettre::{
@@ -158,7 +159,7 @@ pub struct Mailer {
     message_id_domain: String,
     timeout: Duration,
     permits: Semaphore,
-    dkim: Option<dkim::Dkim>,
+    dkim: Option<Arc<dkim::Dkim>>,
 }
 
 impl Mailer {
@@ -178,7 +179,12 @@ impl Mailer {
                 Transport::Smtp(pool::Pool::new(endpoint))
             }
         };
-        let dkim = s.dkim.as_ref().map(dkim::Dkim::load).transpose()?;
+        let dkim = s
+            .dkim
+            .as_ref()
+            .map(dkim::Dkim::load)
+            .transpose()?
+            .map(Arc::new);
         if let (Some(d), Some(s)) = (&dkim, &s.dkim) {
             tracing::info!(algorithm = d.algorithm(), selector = %s.selector, domain = %s.domain, "signing with DKIM");
         }
@@ -200,10 +206,14 @@ impl Mailer {
 
     /// Builds the MIME message (text and HTML alternatives, the job's headers), signs it when
     /// DKIM is configured, and formats it, once, for the size check and the wire.
-    pub fn build(&self, job: &ValidJob, email: &RenderedEmail) -> Result<Outgoing, BuildError> {
+    pub async fn build(
+        &self,
+        job: &ValidJob,
+        email: &RenderedEmail,
+    ) -> Result<Outgoing, BuildError> {
         let mut message = build_message(&self.from, &self.message_id_domain, job, email)?;
         if let Some(dkim) = &self.dkim {
-            dkim.sign(&mut message);
+            message = dkim.sign_owned(message).await;
         }
         Outgoing::format(&message)
     }

@@ -8,6 +8,7 @@
 //! survives the re-folding and whitespace changes relays make. An error never quotes the key.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use lettre::Message;
 use lettre::message::dkim::{
@@ -113,9 +114,28 @@ impl Dkim {
         self.algorithm
     }
 
-    /// Adds the DKIM-Signature header.
+    /// Adds the DKIM-Signature header, in place.
     pub fn sign(&self, message: &mut Message) {
         message.sign(&self.config);
+    }
+
+    /// Adds the DKIM-Signature header without holding up the process's other tasks. An RSA
+    /// signature is milliseconds of CPU (2.2 ms with a 2048-bit key on the reference machine,
+    /// `compose_cost`), which on the one runtime thread would stall every delivery, ack and
+    /// claim of the process meanwhile: it is made on the blocking pool. An Ed25519 signature
+    /// (about 40 µs, like building the message) is made in place.
+    pub async fn sign_owned(self: &Arc<Self>, mut message: Message) -> Message {
+        if self.algorithm != "rsa" {
+            self.sign(&mut message);
+            return message;
+        }
+        let dkim = Arc::clone(self);
+        tokio::task::spawn_blocking(move || {
+            dkim.sign(&mut message);
+            message
+        })
+        .await
+        .expect("a DKIM signature runs to completion")
     }
 }
 

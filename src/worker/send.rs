@@ -35,7 +35,7 @@ impl Worker {
             deadline,
         } = claimed;
         failpoint::hit_job("worker.after_claim", &job.job.job_id).await;
-        let message = match self.compose(job, templates) {
+        let message = match self.compose(job, templates).await {
             Ok(m) => m,
             Err((class, reason)) => {
                 return self.give_up(job, token, attempt, class, reason).await;
@@ -60,7 +60,7 @@ impl Worker {
     }
 
     /// Renders the job and builds its message; `Err` is the class and reason to give up with.
-    fn compose(
+    async fn compose(
         &self,
         job: &ValidJob,
         templates: &Templates,
@@ -71,6 +71,7 @@ impl Worker {
             .map_err(|e| (ErrorClass::Template, e.to_string()))?;
         self.mailer
             .build(job, &rendered)
+            .await
             .map_err(|e| (ErrorClass::Invalid, e.to_string()))
     }
 

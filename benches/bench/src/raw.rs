@@ -405,7 +405,9 @@ async fn pairs(
 }
 
 /// The email the worker sends for a bench job, built by mailroom's own templates and `Mailer`.
-pub fn bench_mailer(sink: &SmtpSink) -> anyhow::Result<(Mailer, mailroom::smtp::Outgoing, usize)> {
+pub async fn bench_mailer(
+    sink: &SmtpSink,
+) -> anyhow::Result<(Mailer, mailroom::smtp::Outgoing, usize)> {
     let templates = Templates::load(&crate::mailroom().templates).context("loading templates/")?;
     let (_, body) = workload::job("rawsmtp", 0, chrono::Utc::now());
     let job = EmailJob::decode(&body)?;
@@ -418,14 +420,14 @@ pub fn bench_mailer(sink: &SmtpSink) -> anyhow::Result<(Mailer, mailroom::smtp::
         max_connections: WORKER_SMTP_CONNECTIONS,
         dkim: None,
     })?;
-    let message = mailer.build(&job, &rendered)?;
+    let message = mailer.build(&job, &rendered).await?;
     let bytes = message.bytes.len();
     Ok((mailer, message, bytes))
 }
 
 /// SMTP: smtp-sink's accept rate through `Mailer` with the worker's pool settings.
 pub async fn smtp(sink: &SmtpSink, n: usize, floor_n: usize) -> anyhow::Result<RawSmtp> {
-    let (mailer, message, bytes) = bench_mailer(sink)?;
+    let (mailer, message, bytes) = bench_mailer(sink).await?;
     let mailer = Arc::new(mailer);
     let message = Arc::new(message);
     let mut floor = Recorder::default();

@@ -2,7 +2,8 @@
 //! templates, building the MIME message and formatting it, in µs per email for the bench's
 //! `welcome` job (run from the repository root, which holds `templates/`); then
 //! `smtp::build_message` for parts of 1, 2 and 4 MB, which shows whether the cost grows with
-//! the part's size or faster.
+//! the part's size or faster; then DKIM signatures with an RSA 2048 and an Ed25519 key (made
+//! by `openssl genpkey`), which run on the thread that sends.
 //!
 //! ```sh
 //! cargo run --release -p mailroom-bench --bin compose_cost [n]
@@ -16,6 +17,7 @@ use lettre::message::Mailbox;
 use mailroom::job::EmailJob;
 use mailroom::render::{RenderedEmail, Templates};
 use mailroom::smtp::build_message;
+use mailroom::smtp::dkim::{Dkim, DkimSettings};
 
 fn main() {
     let n: usize = std::env::args()
@@ -76,4 +78,48 @@ fn main() {
             message.formatted().len()
         );
     }
+    let dir = std::env::temp_dir().join(format!("compose-cost-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    for (label, args) in [
+        (
+            "RSA 2048",
+            &["-algorithm", "rsa", "-pkeyopt", "rsa_keygen_bits:2048"][..],
+        ),
+        ("Ed25519", &["-algorithm", "ed25519"][..]),
+    ] {
+        let key = dir.join("key.pem");
+        let made = std::process::Command::new("openssl")
+            .arg("genpkey")
+            .args(args)
+            .arg("-out")
+            .arg(&key)
+            .stderr(std::process::Stdio::null())
+            .status();
+        if !made.is_ok_and(|s| s.success()) {
+            println!("DKIM {label}: skipped (openssl genpkey failed)");
+            continue;
+        }
+        let dkim = Dkim::load(&DkimSettings {
+            key,
+            selector: "bench".into(),
+            domain: "acme.example".into(),
+        })
+        .expect("the key loads");
+        let job = EmailJob::decode(&jobs[0]).unwrap();
+        let email = templates
+            .render(&job.job.kind, None, &job.job.data)
+            .unwrap();
+        let mut messages: Vec<_> = (0..n.min(2_000))
+            .map(|_| build_message(&from, "acme.example", &job, &email).unwrap())
+            .collect();
+        let started = Instant::now();
+        for message in &mut messages {
+            dkim.sign(message);
+        }
+        println!(
+            "DKIM {label}: {:.1} µs per signature",
+            started.elapsed().as_secs_f64() * 1e6 / messages.len() as f64
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
 }
