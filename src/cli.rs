@@ -88,6 +88,27 @@ pub enum Command {
     Templates(templates::TemplatesArgs),
 }
 
+impl Command {
+    /// The subcommand's name, as typed.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Command::Migrate(_) => "migrate",
+            Command::Worker(_) => "worker",
+            Command::Publish(_) => "publish",
+            Command::Relay(_) => "relay",
+            Command::Serve(_) => "serve",
+            Command::Run(_) => "run",
+            Command::Enqueue(_) => "enqueue",
+            Command::Status(_) => "status",
+            Command::Jobs(_) => "jobs",
+            Command::Dlq(_) => "dlq",
+            Command::Suppressions(_) => "suppressions",
+            Command::Broker(_) => "broker",
+            Command::Templates(_) => "templates",
+        }
+    }
+}
+
 #[derive(Debug, Args)]
 pub struct DatabaseArgs {
     /// Database URL: postgres://user:password@host:port/database (add ?sslmode=verify-full for TLS).
@@ -154,6 +175,7 @@ impl Cli {
 
     /// Runs the chosen command until it is done or a signal stops it.
     pub async fn run(self) -> anyhow::Result<()> {
+        crate::db::name_sessions(self.command.name());
         match self.command {
             Command::Migrate(args) => {
                 let db = Database::connect(&args.database_url, 1, OnAcquire::Ping).await?;

@@ -233,14 +233,37 @@ fn sqlx_error(e: &sqlx::Error) -> anyhow::Error {
     anyhow::anyhow!(sqlx_text(e))
 }
 
-/// A lazy PostgreSQL pool: every session named `mailroom`, with a statement timeout.
+/// What this process calls itself on the server (`mailroom worker`, `mailroom relay`): the
+/// subcommand, set once by the command line before any pool opens.
+static SESSION_ROLE: std::sync::OnceLock<&'static str> = std::sync::OnceLock::new();
+
+/// Names this process's PostgreSQL sessions after `role` (the subcommand), so that
+/// `pg_stat_activity.application_name` tells an operator which mailroom process holds a
+/// connection (and the benchmark what each one costs the server). The first call wins.
+pub fn name_sessions(role: &'static str) {
+    let _ = SESSION_ROLE.set(role);
+}
+
+/// The `application_name` of this process's sessions: the URL's own when it names one, else
+/// `mailroom` and the role given to [`name_sessions`].
+fn session_name(from_url: Option<&str>) -> String {
+    match (from_url, SESSION_ROLE.get()) {
+        (Some(name), _) => name.to_string(),
+        (None, Some(role)) => format!("mailroom {role}"),
+        (None, None) => "mailroom".to_string(),
+    }
+}
+
+/// A lazy PostgreSQL pool: every session named after the process ([`session_name`]), with a
+/// statement timeout.
 fn pg_pool(url: &SecretUrl, max_connections: u32, on_acquire: OnAcquire) -> anyhow::Result<PgPool> {
     let options: PgConnectOptions = url
         .expose()
         .parse()
         .map_err(|e| Fatal::Config(format!("invalid DATABASE_URL {url}: {e}")))?;
+    let name = session_name(options.get_application_name());
     let options = options
-        .application_name("mailroom")
+        .application_name(&name)
         .options([("statement_timeout", STATEMENT_TIMEOUT)]);
     let options = match options.get_ssl_mode() {
         PgSslMode::Allow | PgSslMode::Prefer

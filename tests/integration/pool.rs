@@ -218,3 +218,55 @@ async fn a_server_on_loopback_is_spoken_to_in_the_clear_unless_the_url_requires_
         db.close().await;
     }
 }
+
+/// Every `application_name` of this test's database on PostgreSQL, sorted.
+async fn session_names(app: &TestApp) -> Vec<String> {
+    let Database::Postgres(pool) = &app.db else {
+        unreachable!("PostgreSQL only")
+    };
+    sqlx::query_scalar(
+        "SELECT application_name FROM pg_stat_activity
+         WHERE datname = current_database() AND pid <> pg_backend_pid()
+         ORDER BY 1",
+    )
+    .fetch_all(pool)
+    .await
+    .unwrap()
+}
+
+#[tokio::test]
+async fn a_process_names_its_sessions_after_its_subcommand_unless_the_url_names_them() {
+    // MySQL's protocol has no session name that sqlx sets; `information_schema.processlist`
+    // shows the user and host there.
+    if engine() != Engine::Postgres {
+        return;
+    }
+    let app = TestApp::spawn().await;
+    let before = session_names(&app).await;
+    assert!(
+        !before.iter().any(|n| n.starts_with("mailroom ")),
+        "{before:?}"
+    );
+    let mut relay = app.spawn_relay_process(&[], &[]);
+    let mut worker = app.spawn_worker_process(&[], &[]);
+    let named = format!("{}?application_name=shop-relay", app.db_url);
+    let mut own = app.spawn_relay_process(&["--database-url", &named], &[]);
+    let names = eventually("the processes' sessions open", || async {
+        let names = session_names(&app).await;
+        ["mailroom relay", "mailroom worker", "shop-relay"]
+            .iter()
+            .all(|want| names.iter().any(|n| n == want))
+            .then_some(names)
+    })
+    .await;
+    // The relay woken by the WAL names its replication session apart.
+    assert!(
+        names
+            .iter()
+            .all(|n| n.starts_with("mailroom ") || n == "shop-relay" || before.contains(n)),
+        "{names:?}"
+    );
+    for child in [&mut relay, &mut worker, &mut own] {
+        child.kill().await.unwrap();
+    }
+}
