@@ -54,6 +54,7 @@ pub enum Only {
     Recorder,
     Backlog,
     Paced,
+    EndToEnd,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -125,7 +126,10 @@ impl Opts {
                     "recorder" => opts.only = Some(Only::Recorder),
                     "backlog" => opts.only = Some(Only::Backlog),
                     "paced" => opts.only = Some(Only::Paced),
-                    other => anyhow::bail!("--only {other:?}: `recorder`, `backlog` or `paced`"),
+                    "e2e" => opts.only = Some(Only::EndToEnd),
+                    other => {
+                        anyhow::bail!("--only {other:?}: `recorder`, `backlog`, `paced` or `e2e`")
+                    }
                 },
                 "--workers" => {
                     opts.workers = value("--workers")?
@@ -136,7 +140,7 @@ impl Opts {
                 }
                 "--help" | "-h" => {
                     println!(
-                        "cargo bench --bench bench -- [--quick] [--n 20000] [--out target/bench] [--workers 1,2,4] [--only recorder|backlog|paced] [--paced-secs 5]"
+                        "cargo bench --bench bench -- [--quick] [--n 20000] [--out target/bench] [--workers 1,2,4] [--only recorder|backlog|paced|e2e] [--paced-secs 5]"
                     );
                     std::process::exit(0);
                 }
@@ -308,6 +312,28 @@ async fn run(opts: Opts) -> anyhow::Result<()> {
                 report::paced_cost(&run)
             );
         }
+        return Ok(());
+    }
+    if opts.only == Some(Only::EndToEnd) {
+        let alone = relay::outbox_commits_in(
+            &services,
+            mailroom::db::Engine::Postgres,
+            &["none"],
+            opts.floor_n * 30,
+            &logs,
+        )
+        .await?;
+        let run = relay::end_to_end(&services, &sink, "e2e-max", None, opts.n, &logs).await?;
+        println!(
+            "end to end, {} jobs: {:.0} emails/s (producers committed {:.0}/s; alone {:.0}/s: ratio {:.2}){}\n{}",
+            opts.n,
+            run.emails_per_s,
+            run.commit_rate,
+            alone.rate("none"),
+            run.emails_per_s / alone.rate("none").max(1.0),
+            report::incomplete(run.sent, run.n, run.complete),
+            report::end_to_end_cost(&run)
+        );
         return Ok(());
     }
     step(&format!(

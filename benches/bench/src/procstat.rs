@@ -215,3 +215,98 @@ impl Snapshot {
         }
     }
 }
+
+/// PostgreSQL's processes at one instant, each with who it works for and its CPU seconds:
+/// client sessions by their `application_name` (a mailroom process names its own after its
+/// subcommand, `mailroom worker`, `mailroom relay`; the bench's producers leave it empty), the
+/// server's own processes (WAL writer, checkpointer, autovacuum) by their `backend_type`.
+#[derive(Clone, Debug, Default)]
+pub struct PgSessions(HashMap<u32, (String, f64)>);
+
+/// Who a PostgreSQL process works for, for [`PgSessions::per_email`].
+fn pg_client(application_name: &str, backend_type: &str) -> &'static str {
+    if application_name.starts_with("mailroom worker") {
+        "worker"
+    } else if application_name.starts_with("mailroom relay") {
+        "relay"
+    } else if matches!(backend_type, "client backend" | "walsender") {
+        "producers and bench"
+    } else {
+        "server processes"
+    }
+}
+
+impl PgSessions {
+    pub async fn take(pg: &mut sqlx::PgConnection) -> anyhow::Result<PgSessions> {
+        let rows: Vec<(i32, Option<String>, Option<String>)> =
+            sqlx::query_as("SELECT pid, application_name, backend_type FROM pg_stat_activity")
+                .fetch_all(pg)
+                .await?;
+        Ok(PgSessions(
+            rows.into_iter()
+                .filter_map(|(pid, name, kind)| {
+                    let pid = u32::try_from(pid).ok()?;
+                    let client =
+                        pg_client(name.as_deref().unwrap_or(""), kind.as_deref().unwrap_or(""));
+                    Some((pid, (client.to_string(), cpu_seconds(pid)?)))
+                })
+                .collect(),
+        ))
+    }
+
+    /// CPU µs per email by client between `self` (earlier) and `later`, largest first. A
+    /// session opened in between counts from zero; one closed in between is missing.
+    pub fn per_email(&self, later: &PgSessions, emails: f64) -> Vec<(String, f64)> {
+        let mut used: HashMap<&str, f64> = HashMap::new();
+        for (pid, (client, cpu)) in &later.0 {
+            let before = self.0.get(pid).map_or(0.0, |(_, c)| *c);
+            *used.entry(client).or_default() += (cpu - before).max(0.0);
+        }
+        let mut out: Vec<(String, f64)> = used
+            .into_iter()
+            .map(|(c, s)| (c.to_string(), s / emails.max(1.0) * 1e6))
+            .collect();
+        out.sort_by(|a, b| b.1.total_cmp(&a.1));
+        out
+    }
+}
+
+/// `PostgreSQL by client: worker 120, server processes 9 µs/email`.
+pub fn pg_clients_line(clients: &[(String, f64)]) -> String {
+    let parts: Vec<String> = clients
+        .iter()
+        .map(|(c, us)| format!("{c} {us:.0}"))
+        .collect();
+    format!("PostgreSQL by client: {} µs/email", parts.join(", "))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sessions_are_attributed_to_the_process_that_named_them() {
+        assert_eq!(pg_client("mailroom worker", "client backend"), "worker");
+        assert_eq!(pg_client("mailroom relay", "client backend"), "relay");
+        assert_eq!(
+            pg_client("mailroom relay (WAL wake-up)", "walsender"),
+            "relay"
+        );
+        assert_eq!(pg_client("", "client backend"), "producers and bench");
+        assert_eq!(pg_client("", "walwriter"), "server processes");
+        let before = PgSessions(HashMap::from([
+            (1, ("worker".to_string(), 1.0)),
+            (2, ("relay".to_string(), 0.5)),
+        ]));
+        let later = PgSessions(HashMap::from([
+            (1, ("worker".to_string(), 1.3)),
+            (2, ("relay".to_string(), 0.6)),
+            (3, ("relay".to_string(), 0.1)),
+        ]));
+        let per = before.per_email(&later, 1000.0);
+        assert_eq!(per[0].0, "worker");
+        assert!((per[0].1 - 300.0).abs() < 1e-6, "{per:?}");
+        assert_eq!(per[1].0, "relay");
+        assert!((per[1].1 - 200.0).abs() < 1e-6, "{per:?}");
+    }
+}

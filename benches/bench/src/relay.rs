@@ -16,7 +16,7 @@ use mailroom::db::{Database, Engine, outbox};
 use serde::Serialize;
 
 use crate::latency::{Lat, Recorder};
-use crate::procstat::{CpuShare, Roles, Snapshot};
+use crate::procstat::{CpuShare, PgSessions, Roles, Snapshot};
 use crate::workers::{Fleet, ms_between, patience, sent_rows, wait_for};
 use crate::workload::{self, Producer};
 use crate::world::{Services, SmtpSink, World, pg_clock_offset, wal_position};
@@ -75,6 +75,8 @@ pub struct EndToEnd {
     pub cpu: CpuShare,
     /// PostgreSQL WAL written per email (the producers' commits included), bytes.
     pub wal_bytes_per_email: f64,
+    /// PostgreSQL's CPU µs per email by client ([`crate::procstat::PgSessions`]).
+    pub pg_clients: Vec<(String, f64)>,
 }
 
 /// Producers' commit rate into the outbox, which bounds the end-to-end rate, once per
@@ -159,6 +161,21 @@ pub async fn outbox_commits(
     n: usize,
     logs: &Path,
 ) -> anyhow::Result<OutboxCommits> {
+    let names: &[&'static str] = match engine {
+        Engine::Postgres => &COMMIT_MODES,
+        Engine::MySql => &MYSQL_COMMIT_MODES,
+    };
+    outbox_commits_in(services, engine, names, n, logs).await
+}
+
+/// [`outbox_commits`] in the given `names` of modes only.
+pub async fn outbox_commits_in(
+    services: &Services,
+    engine: Engine,
+    names: &[&'static str],
+    n: usize,
+    logs: &Path,
+) -> anyhow::Result<OutboxCommits> {
     let label = match engine {
         Engine::Postgres => "raw-outbox",
         Engine::MySql => "raw-outbox-mysql",
@@ -170,10 +187,6 @@ pub async fn outbox_commits(
             prefix,
         };
         workload::backlog(&producer("warm".into()), PRODUCERS, PRODUCERS).await?;
-        let names: &[&'static str] = match engine {
-            Engine::Postgres => &COMMIT_MODES,
-            Engine::MySql => &MYSQL_COMMIT_MODES,
-        };
         let mut modes: Vec<CommitRate> = names
             .iter()
             .map(|&mode| CommitRate {
@@ -348,6 +361,7 @@ async fn end_to_end_in(
         smtp_sink: sink.pid(),
     };
     let before = Snapshot::take(&roles);
+    let sessions_before = PgSessions::take(&mut pg).await?;
     let wal_before = wal_position(&mut pg).await?;
     let committed = match rate {
         None => workload::backlog(&producer("job"), n, PRODUCERS).await?,
@@ -355,6 +369,7 @@ async fn end_to_end_in(
     };
     let sent = wait_for(&mut pg, "job", n, patience(n)).await?;
     let cpu = before.share_until(&Snapshot::take(&roles));
+    let pg_clients = sessions_before.per_email(&PgSessions::take(&mut pg).await?, sent as f64);
     let wal = wal_position(&mut pg).await? - wal_before;
     let first_commit = committed.iter().min().copied().unwrap_or_default() + offset;
     let last_commit = committed.iter().max().copied().unwrap_or_default() + offset;
@@ -378,5 +393,6 @@ async fn end_to_end_in(
         latency: latency.summary(true),
         cpu,
         wal_bytes_per_email: wal as f64 / sent.max(1) as f64,
+        pg_clients,
     })
 }

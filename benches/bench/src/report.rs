@@ -197,6 +197,20 @@ pub fn backlog_cost(w: &crate::workers::BacklogRun) -> String {
     cost_line(&w.cpu, w.sent as f64, "worker", Some(w.wal_bytes_per_email))
 }
 
+/// [`cost_line`] of an end-to-end run (relay + worker), with its WAL.
+pub fn end_to_end_cost(e: &crate::relay::EndToEnd) -> String {
+    format!(
+        "{}\n{}",
+        cost_line(
+            &e.cpu,
+            e.sent as f64,
+            "relay + worker",
+            Some(e.wal_bytes_per_email),
+        ),
+        crate::procstat::pg_clients_line(&e.pg_clients)
+    )
+}
+
 /// [`cost_line`] of a paced worker run, with its SMTP server.
 pub fn paced_cost(p: &crate::workers::PacedRun) -> String {
     cost_line_into(&p.cpu, p.sent as f64, "worker", None, p.smtp)
@@ -493,13 +507,14 @@ fn relay_rows(t: &mut String, r: &Results, limit_text: &str) {
     );
     let _ = writeln!(
         t,
-        "| end to end at full speed: CPU per email by process (producers' commits included in PostgreSQL's) | {} | | |",
+        "| end to end at full speed: CPU per email by process (producers' commits included in PostgreSQL's) | {}; {} | | |",
         cost_line(
             &max.cpu,
             max.sent as f64,
             "relay + worker",
             Some(max.wal_bytes_per_email)
-        )
+        ),
+        crate::procstat::pg_clients_line(&max.pg_clients)
     );
     let floor = path_floor_ms(r);
     for p in &rel.end_to_end_paced {
@@ -640,14 +655,15 @@ fn e2e_paced_row(t: &mut String, p: &EndToEnd, floor: f64) {
     );
     let _ = writeln!(
         t,
-        "| end to end at {}: CPU per email by process | {} | | |",
+        "| end to end at {}: CPU per email by process | {}; {} | | |",
         p.label,
         cost_line(
             &p.cpu,
             p.sent as f64,
             "relay + worker",
             Some(p.wal_bytes_per_email)
-        )
+        ),
+        crate::procstat::pg_clients_line(&p.pg_clients)
     );
 }
 
