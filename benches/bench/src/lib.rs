@@ -246,6 +246,8 @@ fn step(what: &str) {
 }
 
 async fn run(opts: Opts) -> anyhow::Result<()> {
+    // The producers' and the bench's own sessions, told apart from the relay's and the worker's.
+    mailroom::db::name_sessions("bench");
     let started = Instant::now();
     let started_at = chrono::Utc::now().to_rfc3339();
     std::fs::create_dir_all(&opts.out)
@@ -325,11 +327,12 @@ async fn run(opts: Opts) -> anyhow::Result<()> {
         .await?;
         let run = relay::end_to_end(&services, &sink, "e2e-max", None, opts.n, &logs).await?;
         println!(
-            "end to end, {} jobs: {:.0} emails/s (producers committed {:.0}/s; alone {:.0}/s: ratio {:.2}){}\n{}",
+            "end to end, {} jobs: {:.0} emails/s (producers committed {:.0}/s; alone {:.0}/s, PostgreSQL {:.0} µs per commit: ratio {:.2}){}\n{}",
             opts.n,
             run.emails_per_s,
             run.commit_rate,
             alone.rate("none"),
+            alone.modes.first().map_or(0.0, |m| m.server_us_per_commit),
             run.emails_per_s / alone.rate("none").max(1.0),
             report::incomplete(run.sent, run.n, run.complete),
             report::end_to_end_cost(&run)

@@ -229,8 +229,12 @@ fn pg_client(application_name: &str, backend_type: &str) -> &'static str {
         "worker"
     } else if application_name.starts_with("mailroom relay") {
         "relay"
-    } else if matches!(backend_type, "client backend" | "walsender") {
+    } else if application_name == "mailroom bench"
+        || (application_name.is_empty() && matches!(backend_type, "client backend" | "walsender"))
+    {
         "producers and bench"
+    } else if matches!(backend_type, "client backend" | "walsender") {
+        "other clients"
     } else {
         "server processes"
     }
@@ -293,6 +297,11 @@ mod tests {
             "relay"
         );
         assert_eq!(pg_client("", "client backend"), "producers and bench");
+        assert_eq!(
+            pg_client("mailroom bench", "client backend"),
+            "producers and bench"
+        );
+        assert_eq!(pg_client("mailroom run", "client backend"), "other clients");
         assert_eq!(pg_client("", "walwriter"), "server processes");
         let before = PgSessions(HashMap::from([
             (1, ("worker".to_string(), 1.0)),

@@ -104,6 +104,9 @@ pub struct CommitRate {
     /// `wal`, `binlog`: in how many rounds the relay had paused its stream when the producers were done
     /// (`mailroom_relay_wakeup_paused`).
     pub paused_rounds: usize,
+    /// PostgreSQL's CPU per commit, µs, the mean of the rounds (every `postgres` process: the
+    /// producers' backends and the relay's); 0 on MySQL/MariaDB.
+    pub server_us_per_commit: f64,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -195,6 +198,7 @@ pub async fn outbox_commits_in(
                 rounds: vec![],
                 unavailable: None,
                 paused_rounds: 0,
+                server_us_per_commit: 0.0,
             })
             .collect();
         for round in 0..COMMIT_ROUNDS {
@@ -208,8 +212,14 @@ pub async fn outbox_commits_in(
                 };
                 let p = producer(format!("{}-{round}", m.mode));
                 let t = Instant::now();
+                let before = Snapshot::take(&Roles::default());
                 workload::backlog(&p, n, PRODUCERS).await?;
                 m.rounds.push(n as f64 / t.elapsed().as_secs_f64());
+                if engine == Engine::Postgres {
+                    let cpu = before.share_until(&Snapshot::take(&Roles::default()));
+                    let us = cpu.postgres / 100.0 * cpu.seconds / n as f64 * 1e6;
+                    m.server_us_per_commit += us / COMMIT_ROUNDS as f64;
+                }
                 if let Some(relay) = relay {
                     m.paused_rounds += usize::from(relay.paused().await);
                     relay.stop(&world).await?;

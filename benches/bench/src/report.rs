@@ -444,6 +444,11 @@ fn commit_rows(t: &mut String, c: &OutboxCommits) {
     for m in &c.modes {
         let figure = match &m.unavailable {
             Some(why) => format!("unavailable: {why}"),
+            None if m.server_us_per_commit > 0.0 => format!(
+                "{}/s; PostgreSQL {:.0} µs of CPU per commit",
+                thousands(m.per_s),
+                m.server_us_per_commit
+            ),
             None => format!("{}/s", thousands(m.per_s)),
         };
         let paused = if matches!(m.mode, "wal" | "binlog") {
