@@ -125,6 +125,8 @@ pub enum BuildError {
     Header { name: String, reason: String },
     #[error("rendered email is {size} bytes, more than the {max} allowed")]
     TooLarge { size: usize, max: usize },
+    #[error("cannot sign the email: {0}")]
+    Sign(String),
 }
 
 enum Transport {
@@ -213,7 +215,7 @@ impl Mailer {
     ) -> Result<Outgoing, BuildError> {
         let mut message = build_message(&self.from, &self.message_id_domain, job, email)?;
         if let Some(dkim) = &self.dkim {
-            message = dkim.sign_owned(message).await;
+            message = dkim.sign_owned(message).await.map_err(BuildError::Sign)?;
         }
         Outgoing::format(&message)
     }

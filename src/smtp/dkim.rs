@@ -124,19 +124,36 @@ impl Dkim {
     /// `compose_cost`), which on the one runtime thread would stall every delivery, ack and
     /// claim of the process meanwhile: it is made on the blocking pool. An Ed25519 signature
     /// (about 40 µs, like building the message) is made in place.
-    pub async fn sign_owned(self: &Arc<Self>, mut message: Message) -> Message {
+    ///
+    /// `Err` says why there is no signature: the signer panicked (a fault in the signing
+    /// code, not in the job), and the delivery gives up with that reason instead of dying
+    /// with the panic.
+    pub async fn sign_owned(self: &Arc<Self>, message: Message) -> Result<Message, String> {
         if self.algorithm != "rsa" {
-            self.sign(&mut message);
-            return message;
+            return caught(|| self.signed(message));
         }
         let dkim = Arc::clone(self);
-        tokio::task::spawn_blocking(move || {
-            dkim.sign(&mut message);
-            message
-        })
-        .await
-        .expect("a DKIM signature runs to completion")
+        tokio::task::spawn_blocking(move || caught(|| dkim.signed(message)))
+            .await
+            .unwrap_or_else(|e| Err(format!("the signing task did not finish: {e}")))
     }
+
+    fn signed(&self, mut message: Message) -> Message {
+        self.sign(&mut message);
+        message
+    }
+}
+
+/// What `sign` returns, or the text of its panic.
+fn caught(sign: impl FnOnce() -> Message) -> Result<Message, String> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(sign)).map_err(|panic| {
+        let text = panic
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| panic.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "no message".into());
+        format!("the DKIM signer failed: {text}")
+    })
 }
 
 /// Letters, digits, `-` and `.` only: a selector or a domain as DNS spells it.
@@ -243,6 +260,20 @@ mod tests {
         ] {
             assert!(!dns_name(bad), "{bad:?}");
         }
+    }
+
+    #[test]
+    fn a_signer_that_panics_is_an_error_with_its_message_not_a_panic() {
+        let e = caught(|| panic!("key too short for this digest")).unwrap_err();
+        assert_eq!(e, "the DKIM signer failed: key too short for this digest");
+        let e = caught(|| panic!("{} bits", 512)).unwrap_err();
+        assert_eq!(e, "the DKIM signer failed: 512 bits");
+        let message = Message::builder()
+            .from("a@shop.example".parse().unwrap())
+            .to("b@shop.example".parse().unwrap())
+            .body(String::from("hi"))
+            .unwrap();
+        assert!(caught(|| message).is_ok());
     }
 
     #[test]

@@ -19,7 +19,15 @@ use crate::db::Record;
 use crate::failpoint;
 use crate::job::{ValidJob, mask_addresses};
 use crate::render::Templates;
-use crate::smtp::{Outgoing, SendError, Session, WINDOW_TARGET as WINDOW};
+use crate::smtp::{BuildError, Outgoing, SendError, Session, WINDOW_TARGET as WINDOW};
+
+/// Why a job has no message to send.
+enum Unbuilt {
+    /// The job's own data cannot make one: give up with this class and reason.
+    GiveUp(ErrorClass, String),
+    /// mailroom failed to make it (the DKIM signer): retry, as after a failed send.
+    Retry(String),
+}
 
 impl Worker {
     pub(super) async fn send_claimed(
@@ -37,8 +45,15 @@ impl Worker {
         failpoint::hit_job("worker.after_claim", &job.job.job_id).await;
         let message = match self.compose(job, templates).await {
             Ok(m) => m,
-            Err((class, reason)) => {
+            Err(Unbuilt::GiveUp(class, reason)) => {
                 return self.give_up(job, token, attempt, class, reason).await;
+            }
+            // Nothing was sent: the fault is mailroom's, so the job is retried like a send
+            // that failed before its first byte, and dead-lettered as exhausted if it lasts.
+            Err(Unbuilt::Retry(reason)) => {
+                return self
+                    .retry_or_give_up(job, token, attempt, LedgerStatus::Failed, reason)
+                    .await;
             }
         };
         // The fence: a send starts only if it, and the record of its result, end before the
@@ -59,20 +74,19 @@ impl Worker {
         }
     }
 
-    /// Renders the job and builds its message; `Err` is the class and reason to give up with.
-    async fn compose(
-        &self,
-        job: &ValidJob,
-        templates: &Templates,
-    ) -> Result<Outgoing, (ErrorClass, String)> {
+    /// Renders the job and builds its message.
+    async fn compose(&self, job: &ValidJob, templates: &Templates) -> Result<Outgoing, Unbuilt> {
         let j = &job.job;
         let rendered = templates
             .render(&j.kind, j.locale.as_deref(), &j.data)
-            .map_err(|e| (ErrorClass::Template, e.to_string()))?;
+            .map_err(|e| Unbuilt::GiveUp(ErrorClass::Template, e.to_string()))?;
         self.mailer
             .build(job, &rendered)
             .await
-            .map_err(|e| (ErrorClass::Invalid, e.to_string()))
+            .map_err(|e| match e {
+                BuildError::Sign(_) => Unbuilt::Retry(e.to_string()),
+                _ => Unbuilt::GiveUp(ErrorClass::Invalid, e.to_string()),
+            })
     }
 
     /// Sends in the uncertain window: once the final dot is on its way (the SMTP client logs
