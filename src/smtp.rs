@@ -265,7 +265,7 @@ impl Mailer {
     ) -> Result<String, SendError> {
         match &self.transport {
             Transport::Smtp(pool) => {
-                let phase = PhaseCell::default();
+                let phase = Arc::new(PhaseCell::default());
                 let sending = pool.send(&message.envelope, &message.bytes, &phase);
                 let failure = match tokio::time::timeout(self.timeout, sending).await {
                     Ok(Ok(reply)) => {

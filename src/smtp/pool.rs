@@ -3,7 +3,8 @@
 //! the dot until the server's delayed ACK, about 40 ms per message (352 emails/s with 16
 //! connections on loopback, 4,890/s with Nagle off). Here every socket is opened by tokio with
 //! TCP_NODELAY and handed to lettre's `AsyncSmtpConnection`, which still speaks the protocol
-//! (greeting, EHLO, STARTTLS, AUTH, dot-stuffing, replies).
+//! (greeting, EHLO, STARTTLS, AUTH, replies); mailroom writes the body and the final dot as one
+//! write ([`session::transaction`]).
 //!
 //! The pool keeps idle connections (LIFO, dropped after [`IDLE_TIMEOUT`]); the caller's
 //! semaphore caps the connections open at once, since each send holds at most one. A pooled
@@ -11,7 +12,7 @@
 //! server sent when it gave up on us), before anything was accepted: that send is retried once on a fresh connection, which costs nothing on the
 //! common path (no NOOP before every message).
 
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use lettre::address::Envelope;
@@ -21,7 +22,7 @@ use lettre::transport::smtp::response::Response;
 use tokio::net::TcpStream;
 
 use super::endpoint::{Endpoint, TlsMode};
-use super::session::{self, Failure, Phase, PhaseCell};
+use super::session::{self, DotWatch, Failure, Phase, PhaseCell, Watched};
 use super::tls;
 
 /// Idle connections older than this are closed rather than reused: lettre's default, well
@@ -33,6 +34,8 @@ struct Conn {
     smtp: AsyncSmtpConnection,
     /// The server offered PIPELINING: MAIL, RCPT and DATA go out in one write.
     pipelining: bool,
+    /// Sees the connection's reads: when the final dot is all written.
+    watch: Arc<DotWatch>,
 }
 
 impl Conn {
@@ -40,9 +43,10 @@ impl Conn {
         &mut self,
         envelope: &Envelope,
         email: &[u8],
-        phase: &PhaseCell,
+        phase: &Arc<PhaseCell>,
     ) -> Result<Response, Failure> {
-        session::transaction(&mut self.smtp, self.pipelining, envelope, email, phase).await
+        let (watch, pipelining) = (&self.watch, self.pipelining);
+        session::transaction(&mut self.smtp, watch, pipelining, envelope, email, phase).await
     }
 }
 
@@ -70,7 +74,7 @@ impl Pool {
         &self,
         envelope: &Envelope,
         email: &[u8],
-        phase: &PhaseCell,
+        phase: &Arc<PhaseCell>,
     ) -> Result<Response, Failure> {
         if let Some(mut conn) = self.take_idle() {
             match conn.transaction(envelope, email, phase).await {
@@ -133,9 +137,13 @@ impl Pool {
     async fn open(&self) -> Result<Conn, Failure> {
         let e = &self.endpoint;
         let tcp = connect_tcp(&e.host, e.port).await.map_err(Failure::Io)?;
+        let watch = Arc::new(DotWatch::default());
         let stream: Box<dyn AsyncTokioStream> = match &e.tls {
-            TlsMode::Implicit(params) => Box::new(tls::implicit(tcp, params.clone()).await?),
-            _ => Box::new(tcp),
+            TlsMode::Implicit(params) => Box::new(Watched::new(
+                tls::implicit(tcp, params.clone()).await?,
+                watch.clone(),
+            )),
+            _ => Box::new(Watched::new(tcp, watch.clone())),
         };
         let mut conn = AsyncSmtpConnection::connect_with_transport(stream, &e.hello).await?;
         match &e.tls {
@@ -152,6 +160,7 @@ impl Pool {
         Ok(Conn {
             smtp: conn,
             pipelining,
+            watch,
         })
     }
 }

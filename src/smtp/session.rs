@@ -5,11 +5,16 @@
 //! the outcome unknown. A reply code is an answer whatever the phase: 4xx transient, 5xx
 //! permanent (a 4xx/5xx to the final dot means "not accepted").
 
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+
 use lettre::address::Envelope;
-use lettre::transport::smtp::client::AsyncSmtpConnection;
+use lettre::transport::smtp::client::{AsyncSmtpConnection, AsyncTokioStream};
 use lettre::transport::smtp::commands::{Data, Ehlo, Mail, Rcpt};
 use lettre::transport::smtp::extension::{Extension, MailBodyParameter, MailParameter};
 use lettre::transport::smtp::response::{Response, Severity};
@@ -155,19 +160,25 @@ pub fn classify(phase: Phase, failure: &Failure, server: &str) -> SendError {
 }
 
 /// MAIL FROM, RCPT TO each recipient, DATA, the body and the final dot, updating `phase`
-/// before each step. Returns the reply to the final dot.
+/// before each step. Returns the reply to the final dot. `watch` is the connection's
+/// ([`Watched`]): it marks the moment the body and the dot are all written.
 ///
 /// With `pipelining` (the server offered PIPELINING, RFC 2920) MAIL, every RCPT and DATA leave
 /// in one write and their replies are read in order: two round trips per message (the
 /// commands, then the body) instead of four. Each reply is still judged in its own phase, so a
 /// refused recipient is a refusal at RCPT TO as without pipelining. After any failure the
 /// caller drops the connection, so replies left unread never answer a later message.
+///
+/// The body goes out dot-stuffed with the final dot in the same write: one send instead of
+/// lettre's two, and one pass over the body that copies it line by line instead of byte by
+/// byte (the same bytes on the wire).
 pub async fn transaction(
     conn: &mut AsyncSmtpConnection,
+    watch: &DotWatch,
     pipelining: bool,
     envelope: &Envelope,
     email: &[u8],
-    phase: &PhaseCell,
+    phase: &Arc<PhaseCell>,
 ) -> Result<Response, Failure> {
     phase.set(Phase::Mail);
     let params = mail_parameters(conn, envelope, email)?;
@@ -201,14 +212,17 @@ pub async fn transaction(
         conn.command(Data).await?;
     }
     phase.set(Phase::Body);
-    // lettre writes every part the iterator yields, then the final dot as a write of its own,
-    // then reads the reply: the iterator running dry is the moment the body is all written
-    // and the dot is next.
-    let body = BodyThenDot {
-        part: Some(email),
-        phase,
+    let reply = match std::str::from_utf8(email) {
+        Ok(text) => body_and_dot(conn, watch, text, phase).await?,
+        // Not text (mailroom's own messages always are): lettre writes it, and the dot apart.
+        Err(_) => {
+            let body = BodyThenDot {
+                part: Some(email),
+                phase,
+            };
+            conn.message_iter(body).await?
+        }
     };
-    let reply = conn.message_iter(body).await?;
     // lettre accepts any positive reply; only a 2xx means the server took the message. Anything
     // else after the final dot (a 354 read out of step, say) leaves its fate unknown.
     if reply.code().severity != Severity::PositiveCompletion {
@@ -219,6 +233,152 @@ pub async fn transaction(
         ))));
     }
     Ok(reply)
+}
+
+/// Writes the dot-stuffed body and the final dot in one write, and reads the reply.
+///
+/// The phase stays [`Phase::Body`] until the whole write has returned: a write that fails
+/// or times out has not handed the dot, its last bytes, to the network, so nothing can have
+/// been accepted. lettre reads the reply only after the write and its flush returned, so the
+/// connection's first read after this write started is when the phase becomes
+/// [`Phase::FinalDot`]; `watch` sees it, also when a timeout then drops this future.
+async fn body_and_dot(
+    conn: &mut AsyncSmtpConnection,
+    watch: &DotWatch,
+    body: &str,
+    phase: &Arc<PhaseCell>,
+) -> Result<Response, Failure> {
+    let data = data_phase(body);
+    // Before the write starts: a process killed after this line may have sent the dot.
+    tracing::debug!(target: super::WINDOW_TARGET, window = "sending", "uncertain window opens: the final dot goes out");
+    watch.arm(phase);
+    let reply = conn.command(data).await;
+    watch.disarm();
+    match reply {
+        Ok(reply) => {
+            phase.set(Phase::FinalDot);
+            Ok(reply)
+        }
+        // A reply, or bytes that are none: the write was done and the reply read.
+        Err(e) if e.is_response() || e.is_transient() || e.is_permanent() => {
+            phase.set(Phase::FinalDot);
+            Err(e.into())
+        }
+        // The network: the watch says whether it broke before or after the write was done.
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// The DATA phase as it goes on the wire: `body` with a `.` doubled at the start of every line
+/// (RFC 5321 §4.5.2: a line starts the body or follows a CRLF, as lettre's codec has it), then
+/// CRLF, the final dot and CRLF.
+fn data_phase(body: &str) -> String {
+    let mut out = String::with_capacity(body.len() + body.len() / 256 + 8);
+    if body.starts_with('.') {
+        out.push('.');
+    }
+    let mut rest = body;
+    while let Some(at) = rest.find("\r\n.") {
+        let (line, after) = rest.split_at(at + 3);
+        out.push_str(line);
+        out.push('.');
+        rest = after;
+    }
+    out.push_str(rest);
+    out.push_str("\r\n.\r\n");
+    out
+}
+
+/// Tells a send when its body and final dot are all written: [`Watched`] reports each read of
+/// the connection, and the first one after [`DotWatch::arm`] moves the armed phase to
+/// [`Phase::FinalDot`].
+#[derive(Debug, Default)]
+pub struct DotWatch {
+    armed: AtomicBool,
+    phase: Mutex<Option<Arc<PhaseCell>>>,
+}
+
+impl DotWatch {
+    fn arm(&self, phase: &Arc<PhaseCell>) {
+        *self.phase.lock().unwrap() = Some(phase.clone());
+        self.armed.store(true, Ordering::Release);
+    }
+
+    fn disarm(&self) {
+        self.armed.store(false, Ordering::Release);
+        self.phase.lock().unwrap().take();
+    }
+
+    fn read(&self) {
+        if self.armed.swap(false, Ordering::AcqRel)
+            && let Some(phase) = self.phase.lock().unwrap().take()
+        {
+            phase.set(Phase::FinalDot);
+        }
+    }
+}
+
+/// A connection's stream (TCP, or TLS over it) that tells its [`DotWatch`] of every read.
+/// Under STARTTLS lettre's TLS sits above it: a read of the reply still reaches it, because
+/// nothing the server sends can be waiting before the dot is answered.
+#[derive(Debug)]
+pub struct Watched<S> {
+    inner: S,
+    watch: Arc<DotWatch>,
+}
+
+impl<S> Watched<S> {
+    pub fn new(inner: S, watch: Arc<DotWatch>) -> Watched<S> {
+        Watched { inner, watch }
+    }
+}
+
+impl<S: AsyncTokioStream> AsyncTokioStream for Watched<S> {
+    fn peer_addr(&self) -> std::io::Result<std::net::SocketAddr> {
+        self.inner.peer_addr()
+    }
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for Watched<S> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let this = self.get_mut();
+        this.watch.read();
+        Pin::new(&mut this.inner).poll_read(cx, buf)
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for Watched<S> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.get_mut().inner).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.get_mut().inner).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
+    }
 }
 
 /// Whether the server offers PIPELINING: asks EHLO again (after STARTTLS, before AUTH, so the
@@ -275,7 +435,8 @@ fn mail_parameters(
     Ok(params)
 }
 
-/// Yields the message once; when asked for more, records that the body is written.
+/// Yields the message once; when asked for more, records that the body is written (for a
+/// body that is not text, which lettre writes).
 struct BodyThenDot<'a> {
     part: Option<&'a [u8]>,
     phase: &'a PhaseCell,
@@ -348,6 +509,91 @@ mod tests {
             cell.set(p);
             assert_eq!(cell.get(), p);
         }
+    }
+
+    /// lettre's dot-stuffing (its `ClientCodec`), byte by byte, then the final dot.
+    fn lettre_data_phase(body: &[u8]) -> Vec<u8> {
+        #[derive(Clone, Copy, PartialEq)]
+        enum At {
+            Middle,
+            AfterCr,
+            LineStart,
+        }
+        let mut at = At::LineStart;
+        let mut out = vec![];
+        for &b in body {
+            out.push(b);
+            at = match (b, at) {
+                (b'\r', _) => At::AfterCr,
+                (b'\n', At::AfterCr) => At::LineStart,
+                (b'.', At::LineStart) => {
+                    out.push(b'.');
+                    At::Middle
+                }
+                (_, At::AfterCr | At::LineStart) => At::Middle,
+                (_, At::Middle) => At::Middle,
+            };
+        }
+        out.extend_from_slice(b"\r\n.\r\n");
+        out
+    }
+
+    #[test]
+    fn the_data_phase_is_the_bytes_lettre_would_write() {
+        for body in [
+            "",
+            ".",
+            "..",
+            ".hidden\r\n",
+            "a\r\n.\r\nb",
+            "a\r\n..\r\n.",
+            "a\n.b\r.c\r\r\n.d",
+            "ends with\r\n",
+            "ends with a dot\r\n.",
+            "caf\u{e9}\r\n.\u{e9}t\u{e9}\r\n",
+        ] {
+            assert_eq!(
+                data_phase(body).as_bytes(),
+                lettre_data_phase(body.as_bytes()),
+                "{body:?}"
+            );
+        }
+        // Every string of up to 7 of the characters that matter.
+        let alphabet = ['\r', '\n', '.', 'x'];
+        for len in 0..=7u32 {
+            for n in 0..4usize.pow(len) {
+                let body: String = (0..len).map(|i| alphabet[n / 4usize.pow(i) % 4]).collect();
+                assert_eq!(
+                    data_phase(&body).as_bytes(),
+                    lettre_data_phase(body.as_bytes()),
+                    "{body:?}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn the_watch_moves_only_the_armed_send_to_the_final_dot_at_the_first_read() {
+        let watch = DotWatch::default();
+        let phase = Arc::new(PhaseCell::default());
+        phase.set(Phase::Body);
+        // Reads before the body's write (the replies to MAIL, RCPT, DATA) change nothing.
+        watch.read();
+        assert_eq!(phase.get(), Phase::Body);
+        watch.arm(&phase);
+        assert_eq!(phase.get(), Phase::Body);
+        watch.read();
+        assert_eq!(phase.get(), Phase::FinalDot);
+        // Disarmed, a later send's phase is left alone.
+        watch.disarm();
+        let next = Arc::new(PhaseCell::default());
+        next.set(Phase::Body);
+        watch.read();
+        assert_eq!(next.get(), Phase::Body);
+        watch.arm(&next);
+        watch.disarm();
+        watch.read();
+        assert_eq!(next.get(), Phase::Body);
     }
 
     #[test]

@@ -6,9 +6,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use lettre::Message;
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWrite, AsyncWriteExt, BufReader};
+use tokio::io::{ReadHalf, WriteHalf};
+use tokio::net::TcpListener;
 
 use super::*;
 
@@ -29,6 +29,8 @@ struct Script {
     data: Option<&'static str>,
     /// Close the connection right after the 354.
     close_after_354: bool,
+    /// Stop reading (without closing) right after the 354.
+    stall_after_354: bool,
     after_dot: AfterDot,
     /// Hang up once this many messages were accepted on a connection (a server that drops
     /// clients idle too long); with `closing_421` it says 421 first.
@@ -49,6 +51,7 @@ impl Default for Script {
             rcpt: "250 2.1.5 ok",
             data: None,
             close_after_354: false,
+            stall_after_354: false,
             after_dot: AfterDot::Reply("250 2.0.0 queued"),
             messages_per_connection: None,
             closing_421: false,
@@ -67,6 +70,8 @@ struct Counters {
     max_open: AtomicUsize,
     /// Transactions whose MAIL arrived with its RCPT and DATA already behind it, unanswered.
     pipelined: AtomicUsize,
+    /// The messages received up to their final dot, dot-stuffing undone.
+    bodies: std::sync::Mutex<Vec<String>>,
 }
 
 struct Server {
@@ -86,7 +91,7 @@ async fn server(script: Script) -> Server {
             let open = c.open.fetch_add(1, Ordering::SeqCst) + 1;
             c.max_open.fetch_max(open, Ordering::SeqCst);
             tokio::spawn(async move {
-                let _ = session(socket, script, &c).await;
+                let _ = session(socket, script, &c, false).await;
                 c.open.fetch_sub(1, Ordering::SeqCst);
             });
         }
@@ -94,13 +99,22 @@ async fn server(script: Script) -> Server {
     Server { port, counters }
 }
 
-async fn session(socket: TcpStream, s: Script, c: &Counters) -> std::io::Result<()> {
-    let (read, mut w) = socket.into_split();
+/// One client's session; `greeted` when the greeting and the first EHLO were had already (in
+/// the clear, before STARTTLS).
+async fn session<S: AsyncRead + AsyncWrite>(
+    socket: S,
+    s: Script,
+    c: &Counters,
+    greeted: bool,
+) -> std::io::Result<()> {
+    let (read, mut w) = tokio::io::split(socket);
     let mut lines = BufReader::new(read);
     if !s.greet {
         tokio::time::sleep(Duration::from_secs(3600)).await;
     }
-    w.write_all(b"220 fake ESMTP\r\n").await?;
+    if !greeted {
+        w.write_all(b"220 fake ESMTP\r\n").await?;
+    }
     let mut accepted_here = 0;
     let mut ehlos = 0;
     let mut line = String::new();
@@ -128,7 +142,7 @@ async fn session(socket: TcpStream, s: Script, c: &Counters) -> std::io::Result<
             "RCPT" => s.rcpt,
             "DATA" => match s.data {
                 Some(reply) => reply,
-                None => match receive_data(&mut lines, &mut w, &s).await? {
+                None => match receive_data(&mut lines, &mut w, &s, c).await? {
                     Some(reply) => {
                         if reply.starts_with('2') {
                             c.accepted.fetch_add(1, Ordering::SeqCst);
@@ -157,16 +171,22 @@ async fn session(socket: TcpStream, s: Script, c: &Counters) -> std::io::Result<
 
 /// After DATA: 354, the message up to its final dot, then the reply the script gives after
 /// the dot; `None` when the session ends instead (closed, or stalled for an hour).
-async fn receive_data(
-    lines: &mut BufReader<OwnedReadHalf>,
-    w: &mut OwnedWriteHalf,
+async fn receive_data<S: AsyncRead + AsyncWrite>(
+    lines: &mut BufReader<ReadHalf<S>>,
+    w: &mut WriteHalf<S>,
     s: &Script,
+    c: &Counters,
 ) -> std::io::Result<Option<&'static str>> {
     w.write_all(b"354 go ahead\r\n").await?;
     if s.close_after_354 {
         return Ok(None);
     }
+    if s.stall_after_354 {
+        tokio::time::sleep(Duration::from_secs(3600)).await;
+        return Ok(None);
+    }
     let mut line = String::new();
+    let mut body = String::new();
     loop {
         line.clear();
         if lines.read_line(&mut line).await? == 0 {
@@ -175,7 +195,9 @@ async fn receive_data(
         if line == ".\r\n" {
             break;
         }
+        body.push_str(line.strip_prefix('.').unwrap_or(&line));
     }
+    c.bodies.lock().unwrap().push(body);
     tokio::time::sleep(s.dot_delay).await;
     match s.after_dot {
         AfterDot::Reply(r) => Ok(Some(r)),
@@ -436,25 +458,192 @@ async fn no_greeting_or_no_listener_is_an_unreachable_server() {
 }
 
 #[tokio::test]
-async fn a_break_while_the_body_is_written_is_transient() {
-    let s = server(Script {
+async fn a_break_or_a_stall_while_the_body_is_written_is_transient() {
+    // The body and the dot leave in one write: a write that fails, or that the server never
+    // lets finish, has not handed the dot to the network, so nothing can have been accepted.
+    let broken = Script {
         close_after_354: true,
         ..Script::default()
-    })
-    .await;
-    let pool = pool::Pool::new(
-        Endpoint::parse(&format!("smtp://127.0.0.1:{}", s.port).parse().unwrap()).unwrap(),
-    );
-    let envelope = message().envelope;
-    // Far more than the socket buffers hold: the writes fail before the dot is reached.
-    let body = vec![b'x'; 32 * 1024 * 1024];
-    let phase = PhaseCell::default();
-    let failure = pool.send(&envelope, &body, &phase).await.unwrap_err();
-    assert_eq!(phase.get(), Phase::Body, "{failure}");
-    assert!(matches!(
-        classify(phase.get(), &failure, &pool.server()),
-        SendError::Transient { .. }
+    };
+    let stalled = Script {
+        stall_after_354: true,
+        ..Script::default()
+    };
+    for (script, failure) in [(broken, "network error"), (stalled, "no answer within")] {
+        let s = server(script).await;
+        let big = Outgoing {
+            envelope: message().envelope,
+            // Far more than the socket buffers hold: the write cannot finish.
+            bytes: vec![b'x'; 32 * 1024 * 1024],
+        };
+        let r = mailer(s.port, Duration::from_secs(1), 1).send(&big).await;
+        assert_eq!(class(&r), "transient", "{r:?}");
+        let reason = r.unwrap_err().to_string();
+        assert!(reason.contains(failure), "{reason}");
+        assert!(
+            reason.contains("while sending the message body"),
+            "{reason}"
+        );
+    }
+}
+
+/// A self-signed certificate for `localhost` and its key, in PEM, from the openssl CLI.
+fn localhost_certificate() -> (Vec<u8>, Vec<u8>) {
+    static MADE: AtomicUsize = AtomicUsize::new(0);
+    let dir = std::env::temp_dir().join(format!(
+        "mailroom-smtp-tls-{}-{}",
+        std::process::id(),
+        MADE.fetch_add(1, Ordering::SeqCst)
     ));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (cert, key) = (dir.join("cert.pem"), dir.join("key.pem"));
+    let out = std::process::Command::new("openssl")
+        .args(["req", "-x509", "-newkey", "ec", "-pkeyopt"])
+        .args(["ec_paramgen_curve:prime256v1", "-nodes", "-days", "2"])
+        .args([
+            "-subj",
+            "/CN=localhost",
+            "-addext",
+            "subjectAltName=DNS:localhost",
+        ])
+        .args(["-addext", "basicConstraints=critical,CA:FALSE", "-keyout"])
+        .arg(&key)
+        .arg("-out")
+        .arg(&cert)
+        .output()
+        .expect("openssl runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let pems = (std::fs::read(&cert).unwrap(), std::fs::read(&key).unwrap());
+    std::fs::remove_dir_all(&dir).unwrap();
+    pems
+}
+
+/// A scripted server behind TLS: from the first byte (`implicit`), or after STARTTLS.
+async fn tls_server(script: Script, implicit: bool, cert: &[u8], key: &[u8]) -> Server {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    let certs = CertificateDer::pem_slice_iter(cert)
+        .collect::<Result<Vec<_>, _>>()
+        .unwrap();
+    let key = PrivateKeyDer::from_pem_slice(key).unwrap();
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(certs, key)
+        .unwrap();
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let counters = Arc::new(Counters::default());
+    let c = counters.clone();
+    tokio::spawn(async move {
+        while let Ok((mut socket, _)) = listener.accept().await {
+            let (c, acceptor) = (c.clone(), acceptor.clone());
+            c.connections.fetch_add(1, Ordering::SeqCst);
+            tokio::spawn(async move {
+                if !implicit {
+                    // Greeting, EHLO and STARTTLS in the clear; the client says nothing more
+                    // until it has the 220, so no byte of its handshake is read here.
+                    socket.write_all(b"220 fake ESMTP\r\n").await.unwrap();
+                    let mut clear = BufReader::new(&mut socket);
+                    let mut line = String::new();
+                    clear.read_line(&mut line).await.unwrap();
+                    assert!(line.to_ascii_uppercase().starts_with("EHLO"), "{line}");
+                    let offer = "250-fake\r\n250-STARTTLS\r\n250 8BITMIME\r\n";
+                    clear.get_mut().write_all(offer.as_bytes()).await.unwrap();
+                    line.clear();
+                    clear.read_line(&mut line).await.unwrap();
+                    assert_eq!(line.to_ascii_uppercase(), "STARTTLS\r\n");
+                    clear
+                        .get_mut()
+                        .write_all(b"220 go ahead\r\n")
+                        .await
+                        .unwrap();
+                }
+                let Ok(tls) = acceptor.accept(socket).await else {
+                    return;
+                };
+                let _ = session(tls, script, &c, !implicit).await;
+            });
+        }
+    });
+    Server { port, counters }
+}
+
+/// A pool that trusts `cert` and speaks TLS to `port`, from the first byte or by STARTTLS.
+fn tls_pool(port: u16, implicit: bool, cert: &[u8]) -> pool::Pool {
+    use lettre::transport::smtp::client::{Certificate, TlsParameters};
+    let params = TlsParameters::builder("localhost".into())
+        .add_root_certificate(Certificate::from_pem(cert).unwrap())
+        .build_rustls()
+        .unwrap();
+    let mut endpoint =
+        Endpoint::parse(&format!("smtp://127.0.0.1:{port}").parse().unwrap()).unwrap();
+    endpoint.tls = if implicit {
+        TlsMode::Implicit(params)
+    } else {
+        TlsMode::Required(params)
+    };
+    pool::Pool::new(endpoint)
+}
+
+#[tokio::test]
+async fn over_tls_the_body_arrives_whole_and_a_send_knows_when_its_dot_is_out() {
+    // Under STARTTLS the connection's reads that mark the dot as written are lettre's TLS
+    // reading the server's records; with implicit TLS they are plain text. Either way: the
+    // message arrives as it was built, a stall while the body is written is before the dot,
+    // and a stall after the whole write is after it.
+    let (cert, key) = localhost_certificate();
+    for implicit in [false, true] {
+        let s = tls_server(Script::default(), implicit, &cert, &key).await;
+        let pool = tls_pool(s.port, implicit, &cert);
+        let m = message();
+        let phase = Arc::new(PhaseCell::default());
+        pool.send(&m.envelope, &m.bytes, &phase).await.unwrap();
+        let text = String::from_utf8(m.bytes.clone()).unwrap();
+        assert!(
+            text.contains("\r\n.\r\n"),
+            "the message has a line that is a dot"
+        );
+        assert_eq!(
+            s.counters.bodies.lock().unwrap().as_slice(),
+            [format!("{text}\r\n")],
+            "implicit {implicit}"
+        );
+
+        // The phase a send is left in when the server stalls as `script` says.
+        let stalled = async |script, body: &[u8]| {
+            let s = tls_server(script, implicit, &cert, &key).await;
+            let pool = tls_pool(s.port, implicit, &cert);
+            let phase = Arc::new(PhaseCell::default());
+            let sending = pool.send(&m.envelope, body, &phase);
+            assert!(
+                tokio::time::timeout(Duration::from_secs(1), sending)
+                    .await
+                    .is_err()
+            );
+            (phase.get(), s.counters.bodies.lock().unwrap().len())
+        };
+        let after_dot = Script {
+            after_dot: AfterDot::Stall,
+            ..Script::default()
+        };
+        let (phase, arrived) = stalled(after_dot, &m.bytes).await;
+        assert_eq!(arrived, 1, "the dot arrived");
+        assert_eq!(phase, Phase::FinalDot, "implicit {implicit}");
+        let mid_body = Script {
+            stall_after_354: true,
+            ..Script::default()
+        };
+        let (phase, _) = stalled(mid_body, &vec![b'x'; 32 * 1024 * 1024]).await;
+        assert_eq!(phase, Phase::Body, "implicit {implicit}");
+    }
 }
 
 #[tokio::test]
