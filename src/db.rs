@@ -246,7 +246,7 @@ pub fn name_sessions(role: &'static str) {
 
 /// The `application_name` of this process's sessions: the URL's own when it names one, else
 /// `mailroom` and the role given to [`name_sessions`].
-fn session_name(from_url: Option<&str>) -> String {
+pub(crate) fn session_name(from_url: Option<&str>) -> String {
     match (from_url, SESSION_ROLE.get()) {
         (Some(name), _) => name.to_string(),
         (None, Some(role)) => format!("mailroom {role}"),

@@ -140,6 +140,8 @@ struct Source {
     /// `None`: the stream is plain (`sslmode=disable`, a Unix socket, or a server on this
     /// machine that the URL does not require TLS of).
     tls: Option<Policy>,
+    /// The stream's `application_name`: the pool's sessions' name, marked as the WAL stream.
+    name: String,
 }
 
 impl Source {
@@ -184,6 +186,10 @@ impl Source {
             password: password.unwrap_or_default(),
             database: parsed.get_database().unwrap_or("postgres").to_string(),
             tls,
+            name: format!(
+                "{} (WAL wake-up)",
+                crate::db::session_name(parsed.get_application_name())
+            ),
         })
     }
 
@@ -210,7 +216,7 @@ impl Source {
         .with_tls(TlsConfig::disabled())
         .with_status_interval(STATUS_INTERVAL)
         .with_buffer_size(64)
-        .with_application_name("mailroom relay (WAL wake-up)");
+        .with_application_name(&self.name);
         let opening = async {
             let mut client = ReplicationClient::connect_gated(config)
                 .await

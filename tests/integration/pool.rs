@@ -253,17 +253,23 @@ async fn a_process_names_its_sessions_after_its_subcommand_unless_the_url_names_
     let mut own = app.spawn_relay_process(&["--database-url", &named], &[]);
     let names = eventually("the processes' sessions open", || async {
         let names = session_names(&app).await;
-        ["mailroom relay", "mailroom worker", "shop-relay"]
-            .iter()
-            .all(|want| names.iter().any(|n| n == want))
-            .then_some(names)
+        [
+            "mailroom relay",
+            "mailroom worker",
+            "shop-relay",
+            // The relays' replication sessions (their wake-up), named apart.
+            "mailroom relay (WAL wake-up)",
+            "shop-relay (WAL wake-up)",
+        ]
+        .iter()
+        .all(|want| names.iter().any(|n| n == want))
+        .then_some(names)
     })
     .await;
-    // The relay woken by the WAL names its replication session apart.
     assert!(
-        names
-            .iter()
-            .all(|n| n.starts_with("mailroom ") || n == "shop-relay" || before.contains(n)),
+        names.iter().all(|n| n.starts_with("mailroom ")
+            || n.starts_with("shop-relay")
+            || before.contains(n)),
         "{names:?}"
     );
     for child in [&mut relay, &mut worker, &mut own] {
