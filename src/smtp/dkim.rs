@@ -126,8 +126,8 @@ impl Dkim {
     /// (about 40 µs, like building the message) is made in place.
     ///
     /// `Err` says why there is no signature: the signer panicked (a fault in the signing
-    /// code, not in the job), and the delivery gives up with that reason instead of dying
-    /// with the panic.
+    /// code, not in the job). The attempt fails with that reason and is retried, as a send
+    /// that failed before its first byte, instead of the delivery dying with the panic.
     pub async fn sign_owned(self: &Arc<Self>, message: Message) -> Result<Message, String> {
         if self.algorithm != "rsa" {
             return caught(|| self.signed(message));
