@@ -211,14 +211,14 @@ pub async fn outbox_commits_in(
                     }
                 };
                 let p = producer(format!("{}-{round}", m.mode));
-                let t = Instant::now();
                 let before = Snapshot::take(&Roles::default());
+                let t = Instant::now();
                 workload::backlog(&p, n, PRODUCERS).await?;
                 m.rounds.push(n as f64 / t.elapsed().as_secs_f64());
                 if engine == Engine::Postgres {
                     let cpu = before.share_until(&Snapshot::take(&Roles::default()));
                     let us = cpu.postgres / 100.0 * cpu.seconds / n as f64 * 1e6;
-                    m.server_us_per_commit += us / COMMIT_ROUNDS as f64;
+                    m.server_us_per_commit += us;
                 }
                 if let Some(relay) = relay {
                     m.paused_rounds += usize::from(relay.paused().await);
@@ -227,7 +227,9 @@ pub async fn outbox_commits_in(
             }
         }
         for m in &mut modes {
-            m.per_s = m.rounds.iter().sum::<f64>() / m.rounds.len().max(1) as f64;
+            let rounds = m.rounds.len().max(1) as f64;
+            m.per_s = m.rounds.iter().sum::<f64>() / rounds;
+            m.server_us_per_commit /= rounds;
         }
         anyhow::Ok(OutboxCommits {
             engine: match engine {
