@@ -6,7 +6,7 @@
 //! permanent (a 4xx/5xx to the final dot means "not accepted").
 
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -32,8 +32,8 @@ pub enum Phase {
     Data = 3,
     /// Writing the message body (DATA was answered 354).
     Body = 4,
-    /// The whole body is written: the final dot goes out next and then its reply is awaited.
-    /// From here on the server may have taken the message.
+    /// The body and the final dot are written (one write) and the reply is awaited. From here
+    /// on the server may have taken the message.
     FinalDot = 5,
 }
 
@@ -181,6 +181,13 @@ pub async fn transaction(
     phase: &Arc<PhaseCell>,
 ) -> Result<Response, Failure> {
     phase.set(Phase::Mail);
+    // mailroom builds every message from text; anything else is refused before MAIL FROM.
+    let text = std::str::from_utf8(email).map_err(|e| {
+        Failure::Refused(format!(
+            "the message is not UTF-8 text (byte {}), and mailroom sends text only",
+            e.valid_up_to()
+        ))
+    })?;
     let params = mail_parameters(conn, envelope, email)?;
     let mail = Mail::new(envelope.from().cloned(), params);
     let rcpt_failure = |to: &lettre::Address, e| Failure::Rcpt(to.domain().to_ascii_lowercase(), e);
@@ -212,17 +219,7 @@ pub async fn transaction(
         conn.command(Data).await?;
     }
     phase.set(Phase::Body);
-    let reply = match std::str::from_utf8(email) {
-        Ok(text) => body_and_dot(conn, watch, text, phase).await?,
-        // Not text (mailroom's own messages always are): lettre writes it, and the dot apart.
-        Err(_) => {
-            let body = BodyThenDot {
-                part: Some(email),
-                phase,
-            };
-            conn.message_iter(body).await?
-        }
-    };
+    let reply = body_and_dot(conn, watch, text, phase).await?;
     // lettre accepts any positive reply; only a 2xx means the server took the message. Anything
     // else after the final dot (a 354 read out of step, say) leaves its fate unknown.
     if reply.code().severity != Severity::PositiveCompletion {
@@ -294,25 +291,21 @@ fn data_phase(body: &str) -> String {
 /// [`Phase::FinalDot`].
 #[derive(Debug, Default)]
 pub struct DotWatch {
-    armed: AtomicBool,
-    phase: Mutex<Option<Arc<PhaseCell>>>,
+    /// The armed send's phase; `None` while disarmed.
+    armed: Mutex<Option<Arc<PhaseCell>>>,
 }
 
 impl DotWatch {
     fn arm(&self, phase: &Arc<PhaseCell>) {
-        *self.phase.lock().unwrap() = Some(phase.clone());
-        self.armed.store(true, Ordering::Release);
+        *self.armed.lock().unwrap() = Some(phase.clone());
     }
 
     fn disarm(&self) {
-        self.armed.store(false, Ordering::Release);
-        self.phase.lock().unwrap().take();
+        self.armed.lock().unwrap().take();
     }
 
     fn read(&self) {
-        if self.armed.swap(false, Ordering::AcqRel)
-            && let Some(phase) = self.phase.lock().unwrap().take()
-        {
+        if let Some(phase) = self.armed.lock().unwrap().take() {
             phase.set(Phase::FinalDot);
         }
     }
@@ -433,27 +426,6 @@ fn mail_parameters(
         params.push(MailParameter::Body(MailBodyParameter::EightBitMime));
     }
     Ok(params)
-}
-
-/// Yields the message once; when asked for more, records that the body is written (for a
-/// body that is not text, which lettre writes).
-struct BodyThenDot<'a> {
-    part: Option<&'a [u8]>,
-    phase: &'a PhaseCell,
-}
-
-impl<'a> Iterator for BodyThenDot<'a> {
-    type Item = &'a [u8];
-
-    fn next(&mut self) -> Option<&'a [u8]> {
-        let part = self.part.take();
-        if part.is_none() && self.phase.get() != Phase::FinalDot {
-            self.phase.set(Phase::FinalDot);
-            // Before the dot is written: a process killed after this line may have sent it.
-            tracing::debug!(target: super::WINDOW_TARGET, window = "sending", "uncertain window opens: the final dot goes out");
-        }
-        part
-    }
 }
 
 #[cfg(test)]
@@ -594,19 +566,5 @@ mod tests {
         watch.disarm();
         watch.read();
         assert_eq!(next.get(), Phase::Body);
-    }
-
-    #[test]
-    fn the_body_iterator_marks_the_dot_only_once_the_body_is_out() {
-        let cell = PhaseCell::default();
-        cell.set(Phase::Body);
-        let mut it = BodyThenDot {
-            part: Some(b"hello"),
-            phase: &cell,
-        };
-        assert_eq!(it.next(), Some(&b"hello"[..]));
-        assert_eq!(cell.get(), Phase::Body);
-        assert_eq!(it.next(), None);
-        assert_eq!(cell.get(), Phase::FinalDot);
     }
 }

@@ -70,6 +70,8 @@ struct Counters {
     max_open: AtomicUsize,
     /// Transactions whose MAIL arrived with its RCPT and DATA already behind it, unanswered.
     pipelined: AtomicUsize,
+    /// MAIL FROM commands received.
+    mails: AtomicUsize,
     /// The messages received up to their final dot, dot-stuffing undone.
     bodies: std::sync::Mutex<Vec<String>>,
 }
@@ -132,6 +134,7 @@ async fn session<S: AsyncRead + AsyncWrite>(
             "EHLO" if s.pipelining => "250-fake\r\n250-PIPELINING\r\n250 8BITMIME",
             "EHLO" => "250-fake\r\n250 8BITMIME",
             "MAIL" => {
+                c.mails.fetch_add(1, Ordering::SeqCst);
                 // What the client sent past MAIL before it had MAIL's reply.
                 let ahead = String::from_utf8_lossy(lines.buffer()).to_ascii_uppercase();
                 if ahead.starts_with("RCPT TO:") && ahead.ends_with("DATA\r\n") {
@@ -485,6 +488,29 @@ async fn a_break_or_a_stall_while_the_body_is_written_is_transient() {
             "{reason}"
         );
     }
+}
+
+#[tokio::test]
+async fn a_message_that_is_not_text_is_refused_before_mail_from() {
+    let s = server(Script::default()).await;
+    let mut bytes = message().bytes;
+    bytes.extend_from_slice(b"\r\nLatin-1: caf\xe9");
+    let at = bytes.len() - 1;
+    let odd = Outgoing {
+        envelope: message().envelope,
+        bytes,
+    };
+    let r = mailer(s.port, Duration::from_secs(5), 1).send(&odd).await;
+    assert_eq!(class(&r), "permanent", "{r:?}");
+    let reason = r.unwrap_err().to_string();
+    assert!(
+        reason.contains(&format!("not UTF-8 text (byte {at})")),
+        "{reason}"
+    );
+    assert!(reason.contains("at MAIL FROM"), "{reason}");
+    // The server never saw a transaction begin.
+    assert_eq!(s.counters.connections.load(Ordering::SeqCst), 1);
+    assert_eq!(s.counters.mails.load(Ordering::SeqCst), 0);
 }
 
 /// A self-signed certificate for `localhost` and its key, in PEM, from the openssl CLI.
