@@ -128,9 +128,10 @@ pub struct RelayStats {
     pub sessions: AtomicU64,
     /// The [`WakeupMode`] of the current session.
     pub wakeup_mode: AtomicU8,
-    /// Whether the session's WAL or binary log stream is paused: outbox rows come faster than it pays, and
-    /// the relay probes instead ([`wal::PAUSE_ABOVE`](crate::relay::wal::PAUSE_ABOVE)).
-    pub wakeup_paused: AtomicBool,
+    /// Whether the session's WAL or binary log stream is paused: outbox rows come faster than it
+    /// pays, and the relay probes instead (`--relay-stream-pause-above`). The stream's own task
+    /// sets it as it closes and reopens the stream, so it holds while the relay drains a backlog.
+    pub wakeup_paused: Arc<AtomicBool>,
 }
 
 impl RelayStats {
@@ -270,7 +271,7 @@ impl Relay {
         broker::declare_and_repair(&conn, &s.amqp, &s.topology, &s.name).await?;
         let channel = broker::confirm_channel(&conn).await?;
         // Opened before the first scan, so nothing committed in between is missed.
-        let mut wakeup = Wakeup::open(&self.db, s).await?;
+        let mut wakeup = Wakeup::open(&self.db, s, &self.stats.wakeup_paused).await?;
         self.stats
             .wakeup_mode
             .store(wakeup.mode() as u8, Ordering::Relaxed);
@@ -430,9 +431,6 @@ impl Relay {
     ) -> anyhow::Result<bool> {
         loop {
             poll.set_max(wakeup.ceiling(&self.settings));
-            self.stats
-                .wakeup_paused
-                .store(wakeup.paused(), Ordering::Relaxed);
             tokio::select! {
                 biased;
                 _ = shutdown.cancelled() => return Ok(false),

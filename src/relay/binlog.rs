@@ -19,7 +19,8 @@
 //! format, and the privileges `REPLICATION SLAVE` plus `REPLICATION CLIENT` (MySQL) or
 //! `BINLOG MONITOR` (MariaDB 10.5+). Without them the relay polls, as before.
 
-use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
@@ -92,12 +93,16 @@ struct Source {
 /// Checks the server's settings and the user's privileges, opens the stream at the current
 /// position and starts following it. Anything committed before this returns is the first
 /// scan's to find. Outbox commits faster than `pause_above` a second pause the stream (0:
-/// never).
-pub(super) async fn start(url: &SecretUrl, pause_above: u32) -> Result<Follower, Unavailable> {
+/// never), and the stream keeps `paused` to whether it is.
+pub(super) async fn start(
+    url: &SecretUrl,
+    pause_above: u32,
+    paused: Arc<AtomicBool>,
+) -> Result<Follower, Unavailable> {
     let source = Source::new(url)?;
     let (stream, schema) = source.open().await?;
     let server_id = source.server_id;
-    let follower = Follower::spawn("the binary log", |feed| {
+    let follower = Follower::spawn("the binary log", paused, |feed| {
         let writes = OutboxWrites::new(schema);
         follow(source, stream, writes, CommitRate::new(pause_above), feed)
     });

@@ -84,24 +84,35 @@ pub struct Follower {
 }
 
 impl Follower {
-    /// Starts `follow` on a task of its own, its stream connected.
-    pub(super) fn spawn<F, Fut>(stream: &'static str, follow: F) -> Follower
+    /// Starts `follow` on a task of its own, its stream connected and not paused. The task
+    /// keeps `paused` to whether it has paused its stream, wherever the relay is meanwhile,
+    /// and clears it when it stops.
+    pub(super) fn spawn<F, Fut>(
+        stream: &'static str,
+        paused: Arc<AtomicBool>,
+        follow: F,
+    ) -> Follower
     where
         F: FnOnce(Feed) -> Fut,
         Fut: Future<Output = ()> + Send + 'static,
     {
         let (tx, woken) = mpsc::channel(1);
         let live = Arc::new(AtomicBool::new(true));
-        let paused = Arc::new(AtomicBool::new(false));
+        paused.store(false, Ordering::Relaxed);
         let quiet = Arc::new(Notify::new());
         let stop = CancellationToken::new();
-        let task = tokio::spawn(follow(Feed {
+        let feed = Feed {
             tx,
             live: live.clone(),
             paused: paused.clone(),
             quiet: quiet.clone(),
             stop: stop.clone(),
-        }));
+        };
+        let (following, stopped) = (follow(feed), paused.clone());
+        let task = tokio::spawn(async move {
+            following.await;
+            stopped.store(false, Ordering::Relaxed);
+        });
         Follower {
             woken,
             live,
@@ -251,7 +262,8 @@ mod tests {
     /// A follower whose task pauses at once and reports when it was told the outbox is quiet.
     fn paused_follower() -> (Follower, mpsc::Receiver<()>) {
         let (told, heard) = mpsc::channel(1);
-        let follower = Follower::spawn("a test stream", |feed: Feed| async move {
+        let paused = Arc::new(AtomicBool::new(false));
+        let follower = Follower::spawn("a test stream", paused, |feed: Feed| async move {
             feed.paused.store(true, Ordering::Relaxed);
             feed.quiet.notified().await;
             let _ = told.send(()).await;
@@ -281,6 +293,59 @@ mod tests {
         follower.probed(false);
         assert_eq!(heard.recv().await, Some(()));
         follower.close().await;
+    }
+
+    /// The relay's gauge is the flag the stream's task keeps: it reads paused from the moment
+    /// the task closes its stream, with no call from the relay (which may be draining a
+    /// backlog the whole time), reads open once the task has reopened it, and is cleared when
+    /// the follower stops mid-pause.
+    #[tokio::test]
+    async fn the_paused_flag_follows_the_task_not_the_relay_loop() {
+        let gauge = Arc::new(AtomicBool::new(true));
+        let (closed_tx, mut closed) = mpsc::channel(1);
+        let (again_tx, again) = tokio::sync::oneshot::channel::<()>();
+        let mut follower = Follower::spawn("a test stream", gauge.clone(), |feed: Feed| {
+            async move {
+                let close = || async {
+                    let _ = closed_tx.send(()).await;
+                };
+                let open = async { Ok::<(), String>(()) };
+                assert!(
+                    feed.pause("a test stream", 1, close(), open)
+                        .await
+                        .is_some()
+                );
+                // Paused a second time, and stopped while paused.
+                let _ = again.await;
+                let never = std::future::pending::<Result<(), String>>();
+                assert!(
+                    feed.pause("a test stream", 1, close(), never)
+                        .await
+                        .is_none()
+                );
+            }
+        });
+        assert!(
+            !gauge.load(Ordering::Relaxed),
+            "a new follower starts open whatever the gauge held"
+        );
+        closed.recv().await.unwrap();
+        assert!(gauge.load(Ordering::Relaxed), "paused as the stream closes");
+        // The pause's wake-up, then the reopen's.
+        assert!(matches!(follower.next().await, Ok(Woken::Event)));
+        for _ in 0..QUIET_PROBES {
+            follower.probed(false);
+        }
+        assert!(matches!(follower.next().await, Ok(Woken::Event)));
+        assert!(!gauge.load(Ordering::Relaxed), "open again once reopened");
+        again_tx.send(()).unwrap();
+        closed.recv().await.unwrap();
+        assert!(gauge.load(Ordering::Relaxed), "paused again");
+        follower.close().await;
+        assert!(
+            !gauge.load(Ordering::Relaxed),
+            "a follower stopped while paused leaves the gauge open"
+        );
     }
 
     #[test]

@@ -17,6 +17,8 @@
 //! The source is opened before the session's first scan, so nothing committed in between is
 //! missed.
 
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
 use sqlx::PgPool;
@@ -99,14 +101,19 @@ impl Wakeup {
     /// Opens the engine's source. On MySQL/MariaDB a server or user that cannot follow the
     /// binary log falls back to polling, saying why and what to set or grant; a server that
     /// cannot be reached (down, restarting) is an error, so the session is retried and follows
-    /// the log again once the server is back.
-    pub async fn open(db: &Database, settings: &RelaySettings) -> anyhow::Result<Wakeup> {
+    /// the log again once the server is back. A WAL or binary log stream keeps `paused` to
+    /// whether it is paused ([`super::RelayStats::wakeup_paused`]).
+    pub async fn open(
+        db: &Database,
+        settings: &RelaySettings,
+        paused: &Arc<AtomicBool>,
+    ) -> anyhow::Result<Wakeup> {
         if settings.wakeup == WakeupChoice::Poll {
             tracing::info!(poll_max = ?settings.poll_max, "relay wake-up: polling the outbox (--relay-wakeup poll)");
             return Ok(Wakeup::Poll);
         }
         match db {
-            Database::Postgres(pool) => open_postgres(pool, settings).await,
+            Database::Postgres(pool) => open_postgres(pool, settings, paused).await,
             Database::MySql(_) => {
                 let Some(url) = settings
                     .database_url
@@ -115,7 +122,7 @@ impl Wakeup {
                 else {
                     return Ok(Wakeup::Poll);
                 };
-                match binlog::start(url, settings.stream_pause_above).await {
+                match binlog::start(url, settings.stream_pause_above, paused.clone()).await {
                     Ok(follower) => Ok(Wakeup::Binlog(follower)),
                     Err(why @ Unavailable::Unreachable(_)) => Err(why.into()),
                     Err(why) => {
@@ -206,10 +213,14 @@ fn log_fallback(why: &Unavailable, poll_max: Duration) {
 /// PostgreSQL: the WAL, else NOTIFY while the outbox trigger is enabled, else polling; one log
 /// line says which and why. A server that cannot be reached is an error (the session is
 /// retried), not a reason to settle for less.
-async fn open_postgres(pool: &PgPool, settings: &RelaySettings) -> anyhow::Result<Wakeup> {
+async fn open_postgres(
+    pool: &PgPool,
+    settings: &RelaySettings,
+    paused: &Arc<AtomicBool>,
+) -> anyhow::Result<Wakeup> {
     let why_not_wal = match (&settings.database_url, settings.wakeup) {
         (Some(url), WakeupChoice::Auto) => {
-            match wal::start(pool, url, settings.stream_pause_above).await {
+            match wal::start(pool, url, settings.stream_pause_above, paused.clone()).await {
                 Ok(follower) => {
                     log_wal_with_trigger(pool).await;
                     return Ok(Wakeup::Wal(follower));

@@ -28,7 +28,8 @@
 //! falls back to NOTIFY, then to polling ([`super::wakeup`]).
 
 use std::path::PathBuf;
-use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use pgwire_replication::{
@@ -90,11 +91,12 @@ pub async fn start(
     pool: &PgPool,
     url: &SecretUrl,
     pause_above: u32,
+    paused: Arc<AtomicBool>,
 ) -> Result<Follower, Unavailable> {
     let source = Source::new(url)?;
     preflight(pool).await?;
     let client = source.open().await?;
-    Ok(Follower::spawn("the WAL", |feed| {
+    Ok(Follower::spawn("the WAL", paused, |feed| {
         follow(source, client, CommitRate::new(pause_above), feed)
     }))
 }

@@ -124,16 +124,17 @@ async fn rows_after_a_binary_log_rotation_still_wake_the_relay() {
 
 /// Outbox commits faster than `--relay-stream-pause-above` make the relay close its binary log
 /// stream: the server's dump thread for it ends (nothing reads and sends the producers'
-/// transactions) while the relay probes and publishes every row. Once the producers stop and
-/// the outbox is quiet, the relay opens the stream again, and it wakes the relay for the next
-/// commits.
+/// transactions) while the relay probes and publishes every row. The relay's gauge says so even
+/// while the relay is held in a batch (a broker that does not answer). Once the producers stop
+/// and the outbox is quiet, the relay opens the stream again, and it wakes the relay for the
+/// next commits.
 #[tokio::test]
 async fn a_burst_of_commits_pauses_the_binary_log_stream_and_a_quiet_outbox_opens_it_again() {
     if !runs_on(Engine::MySql, WHY) {
         return;
     }
     let app = TestApp::spawn().await;
-    let relay = app.start_relay(&RELAY_PAUSES_AT_100);
+    let (relay, broker) = app.start_relay_pausing_at_100().await;
     relay.wait_started().await;
     assert_eq!(relay.stats.wakeup_mode(), WakeupMode::Binlog);
     let db = MySqlPool::connect(&app.db_url).await.unwrap();
@@ -148,7 +149,7 @@ async fn a_burst_of_commits_pauses_the_binary_log_stream_and_a_quiet_outbox_open
         .unwrap()
     };
     relay
-        .pauses_under_a_burst_and_reopens(&app, "binary log", dump_threads)
+        .pauses_under_a_burst_and_reopens(&app, &broker, "binary log", dump_threads)
         .await;
     relay.stop().await;
     assert_eq!(app.unpublished().await, 0);

@@ -296,19 +296,20 @@ async fn relay_slots(db: &PgPool) -> i64 {
 
 /// Outbox commits faster than `--relay-stream-pause-above` make the relay close its WAL stream:
 /// the server no longer lists its slot (nothing decodes the producers' transactions) while the
-/// relay probes and publishes every row. Once the producers stop and the outbox is quiet, the
-/// relay opens a new slot, and its stream wakes the relay for the next commits.
+/// relay probes and publishes every row. The relay's gauge says so even while the relay is held
+/// in a batch (a broker that does not answer). Once the producers stop and the outbox is quiet,
+/// the relay opens a new slot, and its stream wakes the relay for the next commits.
 #[tokio::test]
 async fn a_burst_of_commits_pauses_the_wal_stream_and_a_quiet_outbox_opens_it_again() {
     let Some(app) = app_on_logical_server().await else {
         return;
     };
-    let relay = app.start_relay(&RELAY_PAUSES_AT_100);
+    let (relay, broker) = app.start_relay_pausing_at_100().await;
     relay.wait_started().await;
     assert_eq!(relay.stats.wakeup_mode(), WakeupMode::Wal);
     let db = pool(&app).await;
     relay
-        .pauses_under_a_burst_and_reopens(&app, "WAL", || relay_slots(&db))
+        .pauses_under_a_burst_and_reopens(&app, &broker, "WAL", || relay_slots(&db))
         .await;
     relay.stop().await;
     assert_eq!(app.unpublished().await, 0);

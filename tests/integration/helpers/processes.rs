@@ -15,6 +15,7 @@ use tokio::process::{Child, Command as Process};
 use tokio_util::sync::CancellationToken;
 
 use super::app::{TEST_RETRY_DELAYS, TestApp};
+use super::fault_proxy::{Fault, FaultProxy};
 
 impl TestApp {
     /// The worker's command line (after `mailroom worker`): test-sized defaults, with the flags
@@ -337,6 +338,22 @@ pub const RELAY_PAUSES_AT_100: [&str; 8] = [
     "100",
 ];
 
+impl TestApp {
+    /// A relay started with [`RELAY_PAUSES_AT_100`], its broker connection through the proxy
+    /// it is returned with (for [`RunningRelay::pauses_under_a_burst_and_reopens`]).
+    pub async fn start_relay_pausing_at_100(&self) -> (RunningRelay, FaultProxy) {
+        let port = url::Url::parse(&self.amqp_url)
+            .unwrap()
+            .port_or_known_default()
+            .unwrap();
+        let broker = FaultProxy::start(port).await;
+        let url = broker.url_through(&self.amqp_url);
+        let mut args = RELAY_PAUSES_AT_100.to_vec();
+        args.extend(["--amqp-url", &url]);
+        (self.start_relay(&args), broker)
+    }
+}
+
 impl RunningRelay {
     pub fn published(&self) -> u64 {
         self.count(|s| &s.published)
@@ -380,16 +397,20 @@ impl RunningRelay {
             .load(std::sync::atomic::Ordering::Relaxed)
     }
 
-    /// The stream's pause, end to end, for a relay started with [`RELAY_PAUSES_AT_100`]: 16
-    /// producers commit single outbox rows as fast as they can until the relay has paused
-    /// its stream and `streams` (the server's count of this test's streams: slots, dump
-    /// threads) says the server no longer serves it. Every row is then published; the quiet
+    /// The stream's pause, end to end, for a relay started with [`RELAY_PAUSES_AT_100`] and its
+    /// broker connection through `broker`: 16 producers commit single outbox rows as fast as
+    /// they can until the relay has paused its stream and `streams` (the server's count of
+    /// this test's streams: slots, dump threads) says the server no longer serves it. The
+    /// broker is cut off meanwhile, so the relay sits in its first batch, waiting for
+    /// confirms, the whole time: the gauge must say paused without the relay's loop coming
+    /// round (a relay draining a backlog never does). Every row is then published; the quiet
     /// outbox makes the relay open one stream again; of two rows committed after that, the
     /// second can only have been seen through the new stream (the first may be the rescan's).
     /// `source` names the stream in a failure.
     pub async fn pauses_under_a_burst_and_reopens<F, Fut>(
         &self,
         app: &TestApp,
+        broker: &FaultProxy,
         source: &str,
         streams: F,
     ) where
@@ -402,6 +423,8 @@ impl RunningRelay {
             1,
             "the relay's {source} stream before the burst"
         );
+        let published = self.published();
+        broker.set(Fault::Blackhole);
         let stop = CancellationToken::new();
         let producers: Vec<_> = (0..16)
             .map(|p| {
@@ -426,6 +449,12 @@ impl RunningRelay {
             || async { (self.paused() && streams().await == 0).then_some(()) },
         )
         .await;
+        assert_eq!(
+            self.published(),
+            published,
+            "the relay was held in its batch by the broker the whole time"
+        );
+        broker.set(Fault::Pass);
         stop.cancel();
         let mut committed = 0;
         for producer in producers {
