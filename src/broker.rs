@@ -19,7 +19,7 @@ pub mod migrate;
 mod missing;
 mod publisher;
 
-pub use acks::{ACK_HOLD, Acks};
+pub use acks::{ACK_LINGER, AckPolicy, Acks};
 pub use connect::{
     CONNECT_STAGGER, CONNECT_TIMEOUT, Ended, HEALTHY_AFTER, RECONNECT_MAX, RECONNECT_MIN,
     Reconnect, connect, reconnect_backoff, refusal,

@@ -250,7 +250,7 @@ impl Worker {
             consumer,
             link: Link {
                 publisher,
-                acks: Acks::new(broker::ACK_HOLD),
+                acks: Acks::new(broker::AckPolicy::for_consumer(s.prefetch, s.concurrency)),
             },
         })
     }
@@ -295,7 +295,8 @@ impl Worker {
         }
     }
 
-    /// Handles `delivery` in a task of its own, in its span; the slot is free once it settled.
+    /// Handles `delivery` in a task of its own, in its span; the slot is free once its outcome is
+    /// decided, before it is settled.
     fn spawn_handle(
         self: &Arc<Self>,
         tracker: &TaskTracker,
@@ -308,8 +309,7 @@ impl Worker {
         let span = process::delivery_span(&delivery);
         tracker.spawn(
             async move {
-                worker.handle(&link, delivery).await;
-                drop(permit);
+                worker.handle(&link, delivery, permit).await;
             }
             .instrument(span),
         );
@@ -333,10 +333,19 @@ impl Worker {
         close(&session.conn, &session.channel).await;
     }
 
-    async fn handle(&self, link: &Link, delivery: lapin::message::Delivery) {
+    async fn handle(
+        &self,
+        link: &Link,
+        delivery: lapin::message::Delivery,
+        permit: OwnedSemaphorePermit,
+    ) {
         Stats::bump(&self.stats.received);
         self.stats.in_flight_add(1);
         let outcome = self.process(&delivery).await;
+        // The slot bounds the work on SMTP and the database, which is done: settling is the
+        // broker's (an ack that may wait for others to share its frame, or a confirmed
+        // republish), and the prefetch bounds the deliveries waiting for it.
+        drop(permit);
         self.settle(link, &delivery, outcome).await;
         self.stats.in_flight_add(-1);
         self.stats.settled();

@@ -12,7 +12,7 @@ use lapin::options::{
 };
 use lapin::types::FieldTable;
 use lapin::{BasicProperties, Connection};
-use mailroom::broker::Acks;
+use mailroom::broker::{AckPolicy, Acks};
 
 use crate::helpers::*;
 
@@ -80,10 +80,13 @@ async fn acks_wait_for_the_delivery_before_them_share_a_frame_and_never_cover_on
     }
     let tags: Vec<u64> = deliveries.iter().map(|d| d.delivery_tag).collect();
     assert_eq!(tags, (1..=20).collect::<Vec<_>>());
-    // A hold far longer than this test's steps: acks held past a gap go out either with the
-    // run once the gap closes, or alone once the hold is over.
+    // Runs go at once; a linger far longer than this test's steps: acks held past a gap go out
+    // either with the run once the gap closes, or alone once the linger is over.
     let hold = Duration::from_secs(2);
-    let acks = Acks::new(hold);
+    let acks = Acks::new(AckPolicy {
+        batch: 1,
+        linger: hold,
+    });
     let ack_all = |range: std::ops::RangeInclusive<usize>| {
         let acks = &acks;
         let deliveries = &deliveries;
@@ -156,4 +159,57 @@ async fn acks_wait_for_the_delivery_before_them_share_a_frame_and_never_cover_on
         .await
         .unwrap();
     let _ = conn.close(200, "done".into()).await;
+}
+
+/// A delivery frees its concurrency slot once its outcome is decided, not once it is settled:
+/// with one slot, the next job is sent while the first job's ack is still held (here at its
+/// failpoint; in production an ack lingering for others to share its frame, or a retry's
+/// republish a blocked broker holds). Once the acks go, every delivery is settled and each job
+/// was sent once.
+#[tokio::test]
+async fn a_delivery_frees_its_slot_once_decided_and_the_next_is_sent_while_its_ack_waits() {
+    let app = TestApp::spawn().await;
+    let release = app.dir.path().join("release");
+    let mut worker = app.spawn_worker_process(
+        &["--concurrency", "1", "--prefetch", "2"],
+        &[(
+            "MAILROOM_FAILPOINTS",
+            &format!("worker.before_ack=until:{}", release.display()),
+        )],
+    );
+    let log = app.dir.path().join("worker.log");
+    let held = || {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        text.matches("failpoint: holding this delivery").count()
+    };
+    app.publish(&app.job("first")).await;
+    eventually("the first job's ack held at its failpoint", || async {
+        (held() == 1).then_some(())
+    })
+    .await;
+    assert_eq!(app.smtp.received().len(), 1);
+    app.publish(&app.job("second")).await;
+    app.smtp.wait_for(2).await;
+    eventually("the second job's ack held too", || async {
+        (held() == 2).then_some(())
+    })
+    .await;
+    assert!(
+        !release.exists(),
+        "both were sent with the first ack unwritten"
+    );
+
+    std::fs::write(&release, "").unwrap();
+    terminate(&worker).await;
+    let status = tokio::time::timeout(PATIENCE, worker.wait())
+        .await
+        .expect("the worker exits")
+        .unwrap();
+    assert!(status.success(), "{status}");
+    assert_eq!(app.ready_messages().await, 0, "a delivery was never acked");
+    for id in ["first", "second"] {
+        let row = app.notification(id, "welcome").await.unwrap();
+        assert_eq!(row.status, mailroom::db::LedgerStatus::Sent, "{id}");
+    }
+    assert_eq!(app.smtp.received().len(), 2, "each job sent once");
 }

@@ -135,7 +135,10 @@ async fn drain_in(world: &World, services: &Services, n: usize) -> anyhow::Resul
     let before = Snapshot::take(&roles);
     let t0 = Instant::now();
     let (cconn, mut consumer) = worker_consumer(world, services).await?;
-    let acks = Acks::new(broker::ACK_HOLD);
+    let acks = Acks::new(broker::AckPolicy::for_consumer(
+        WORKER_PREFETCH,
+        WORKER_CONCURRENCY,
+    ));
     let acked = Arc::new(AtomicUsize::new(0));
     for _ in 0..n {
         let delivery = tokio::time::timeout(Duration::from_secs(60), consumer.next())
