@@ -98,8 +98,9 @@ impl Acks {
     }
 
     /// Acks the delivery of `tag` (its `acker`): resolves once the frame that carries it is
-    /// written (within the policy's linger), with what lapin said of that frame; `Ok(false)` when nothing was written for
-    /// it: the channel is closed, or the delivery was settled already.
+    /// written (within the policy's linger), with what lapin said of that frame; `Ok(false)`
+    /// when nothing was written for it: the channel is closed, or the delivery was settled
+    /// already.
     pub async fn ack(&self, acker: &Acker, tag: u64) -> lapin::Result<bool> {
         let (done, result) = oneshot::channel();
         let waiter = Waiter {
