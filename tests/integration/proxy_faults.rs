@@ -141,11 +141,7 @@ async fn smtp_connections_reset_then_partitioned_mid_load_every_job_is_sent() {
 #[tokio::test]
 async fn broker_connection_reset_then_partitioned_mid_load_every_job_is_sent_once() {
     let app = TestApp::spawn_with(SLOW_SERVER).await;
-    let amqp_port = url::Url::parse(&app.amqp_url)
-        .unwrap()
-        .port_or_known_default()
-        .unwrap();
-    let proxy = FaultProxy::start(amqp_port).await;
+    let proxy = FaultProxy::in_front_of(&app.amqp_url).await;
     let url = proxy.url_through(&app.amqp_url);
     // A prefetch of one delivery per slot: every new delivery crosses the proxy.
     let worker = app.start_worker(&["--amqp-url", &url, "--prefetch", "8"]);

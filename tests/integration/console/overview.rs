@@ -81,11 +81,7 @@ async fn the_overview_shows_what_a_real_worker_sent_and_retried_and_lists_it_ref
 #[tokio::test]
 async fn with_the_broker_unreachable_the_overview_says_so_and_shows_the_rest() {
     let app = TestApp::spawn().await;
-    let amqp_port = url::Url::parse(&app.amqp_url)
-        .unwrap()
-        .port_or_known_default()
-        .unwrap();
-    let proxy = FaultProxy::start(amqp_port).await;
+    let proxy = FaultProxy::in_front_of(&app.amqp_url).await;
     let console = app
         .start_console_serve_on(&proxy.url_through(&app.amqp_url))
         .await;

@@ -49,6 +49,13 @@ const CARRIED_CAP: usize = 1 << 20;
 const PINGS: [&[u8]; 2] = [b"S\0\0\0\x04", b"\x01\0\0\0\x0e"];
 
 impl FaultProxy {
+    /// A proxy in front of the service `url` names (its port, or its scheme's default); pass
+    /// [`FaultProxy::url_through`] to the client.
+    pub async fn in_front_of(url: &str) -> FaultProxy {
+        let url = url::Url::parse(url).unwrap();
+        FaultProxy::start(url.port_or_known_default().unwrap()).await
+    }
+
     /// Listens on a free loopback port and forwards to `127.0.0.1:target_port`.
     pub async fn start(target_port: u16) -> FaultProxy {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();

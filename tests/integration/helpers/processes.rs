@@ -342,11 +342,7 @@ impl TestApp {
     /// A relay started with [`RELAY_PAUSES_AT_100`], its broker connection through the proxy
     /// it is returned with (for [`RunningRelay::pauses_under_a_burst_and_reopens`]).
     pub async fn start_relay_pausing_at_100(&self) -> (RunningRelay, FaultProxy) {
-        let port = url::Url::parse(&self.amqp_url)
-            .unwrap()
-            .port_or_known_default()
-            .unwrap();
-        let broker = FaultProxy::start(port).await;
+        let broker = FaultProxy::in_front_of(&self.amqp_url).await;
         let url = broker.url_through(&self.amqp_url);
         let mut args = RELAY_PAUSES_AT_100.to_vec();
         args.extend(["--amqp-url", &url]);
