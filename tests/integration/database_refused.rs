@@ -163,11 +163,16 @@ async fn while_the_database_refuses_connections_jobs_are_retried_then_each_sent_
         app.publish(&app.job(id)).await;
     }
     // Each job is retried at least twice (PostgreSQL: one acquire timeout each), and keeps its
-    // place: nothing sent, nothing dead-lettered.
+    // place: nothing sent, nothing dead-lettered. On PostgreSQL that takes three rounds of the
+    // pool's 10 s acquire timeout over 4 slots (about 31 s alone), half the usual patience: a
+    // loaded machine gets twice that.
     let retried = 2 * ids.len() as u64;
-    tokio::time::timeout(PATIENCE, worker.stats.wait_until(|s| s.retried >= retried))
-        .await
-        .expect("jobs retried while the database refuses connections");
+    tokio::time::timeout(
+        PATIENCE * 2,
+        worker.stats.wait_until(|s| s.retried >= retried),
+    )
+    .await
+    .expect("jobs retried while the database refuses connections");
     let snap = worker.stats.snapshot();
     assert_eq!(snap.sent, 1, "{snap:?}");
     assert_eq!(snap.dead_lettered, 0, "{snap:?}");
