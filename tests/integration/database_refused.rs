@@ -167,12 +167,14 @@ async fn while_the_database_refuses_connections_jobs_are_retried_then_each_sent_
     // pool's 10 s acquire timeout over 4 slots (about 31 s alone), half the usual patience: a
     // loaded machine gets twice that.
     let retried = 2 * ids.len() as u64;
-    tokio::time::timeout(
+    let waited = tokio::time::timeout(
         PATIENCE * 2,
         worker.stats.wait_until(|s| s.retried >= retried),
-    )
-    .await
-    .expect("jobs retried while the database refuses connections");
+    );
+    if waited.await.is_err() {
+        let snap = worker.stats.snapshot();
+        panic!("{retried} retries while the database refuses connections: {snap:?}");
+    }
     let snap = worker.stats.snapshot();
     assert_eq!(snap.sent, 1, "{snap:?}");
     assert_eq!(snap.dead_lettered, 0, "{snap:?}");
