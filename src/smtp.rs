@@ -1,10 +1,12 @@
 //! Sending: builds the MIME message from a job and its rendering, with the deterministic
 //! Message-ID `<job_id.kind@domain>`, and sends it through mailroom's SMTP connection pool
 //! ([`pool`]: lettre's protocol client on sockets with TCP_NODELAY), or writes `.eml` files for
-//! `file://` URLs. Every send needs a [`Session`] (a permit of the cap on open connections,
-//! which the worker takes before it claims a job, so that waiting for a connection never eats
-//! into a claim's lease) and runs under a whole-send timeout (lettre's connection has no I/O
-//! timeout of its own); a failure is classified by the SMTP phase it happened in ([`session`]).
+//! `file://` URLs. Every send needs a [`Session`]: a permit of the cap on open connections,
+//! taken through a [`Reservation`] that the worker holds before it claims a job, so that at
+//! most one connection's worth of claims ever waits for a connection (the wait after a claim
+//! is bounded, see `worker::lease`). A send runs under a whole-send timeout (lettre's
+//! connection has no I/O timeout of its own); a failure is classified by the SMTP phase it
+//! happened in ([`session`]).
 
 mod body;
 pub mod dkim;
@@ -142,15 +144,53 @@ pub struct MailerSettings {
     pub message_id_domain: String,
     pub timeout: Duration,
     pub max_connections: u32,
+    /// Reservations beyond `max_connections`: deliveries that may claim their job while every
+    /// connection is busy, and wait for one after the claim (0: a delivery waits for its
+    /// connection before it claims). At most `max_connections` (a longer queue would wait
+    /// longer than one send).
+    pub reserved_ahead: u32,
     /// Sign every message with this DKIM key.
     pub dkim: Option<dkim::DkimSettings>,
 }
 
-/// The right to one SMTP session: a permit of the cap on open connections. Held from before a
-/// claim until the send returns, so the time spent waiting for a connection is spent before the
-/// claim's lease starts, never within it.
+/// A place in the line for an SMTP session, taken before a claim: at most `max_connections +
+/// reserved_ahead` deliveries hold one, so a delivery that claimed its job and then waits for a
+/// connection has at most `max_connections - 1` others ahead of it (the semaphore is fair), and
+/// gets a connection before every send in progress has ended: within one whole-send timeout.
+#[derive(Debug)]
+pub struct Reservation<'a> {
+    place: SemaphorePermit<'a>,
+    connections: &'a Semaphore,
+}
+
+impl<'a> Reservation<'a> {
+    /// Waits for a free connection, at most `within`; `None` if none came free in time (the
+    /// reservation is then given up) or the mailer is closed.
+    pub async fn session(self, within: Duration) -> Option<Session<'a>> {
+        let permit = tokio::time::timeout(within, self.connections.acquire())
+            .await
+            .ok()?
+            .ok()?;
+        Some(Session {
+            _place: self.place,
+            _permit: permit,
+        })
+    }
+
+    async fn session_unbounded(self) -> Option<Session<'a>> {
+        let permit = self.connections.acquire().await.ok()?;
+        Some(Session {
+            _place: self.place,
+            _permit: permit,
+        })
+    }
+}
+
+/// The right to one SMTP session: a permit of the cap on open connections, held until the send
+/// returns, with the reservation it was taken through.
 #[derive(Debug)]
 pub struct Session<'a> {
+    _place: SemaphorePermit<'a>,
     _permit: SemaphorePermit<'a>,
 }
 
@@ -161,6 +201,7 @@ pub struct Mailer {
     message_id_domain: String,
     timeout: Duration,
     permits: Semaphore,
+    reservations: Semaphore,
     dkim: Option<Arc<dkim::Dkim>>,
 }
 
@@ -197,6 +238,9 @@ impl Mailer {
             message_id_domain: s.message_id_domain.clone(),
             timeout: s.timeout,
             permits: Semaphore::new(s.max_connections as usize),
+            reservations: Semaphore::new(
+                (s.max_connections + s.reserved_ahead.min(s.max_connections)) as usize,
+            ),
         })
     }
 
@@ -225,11 +269,20 @@ impl Mailer {
         self.timeout
     }
 
-    /// Waits for a free SMTP session (the cap on open connections). `None` once the mailer is
-    /// closed.
+    /// Waits for a place in the line for an SMTP session (see [`Reservation`]). `None` once
+    /// the mailer is closed.
+    pub async fn reserve(&self) -> Option<Reservation<'_>> {
+        let place = self.reservations.acquire().await.ok()?;
+        Some(Reservation {
+            place,
+            connections: &self.permits,
+        })
+    }
+
+    /// Waits for a free SMTP session (a reservation, then a connection). `None` once the
+    /// mailer is closed.
     pub async fn session(&self) -> Option<Session<'_>> {
-        let permit = self.permits.acquire().await.ok()?;
-        Some(Session { _permit: permit })
+        self.reserve().await?.session_unbounded().await
     }
 
     /// Whether the SMTP server answers (connect, TLS, greeting, EHLO, AUTH) within the send

@@ -329,6 +329,12 @@ impl Worker {
         drain(tracker, self.settings.shutdown_grace).await;
         let (frames, acks) = session.link.acks.written();
         tracing::info!(acks, frames, "acks of this session written");
+        let ledger = self.ledger.stats();
+        tracing::info!(
+            groups = ledger.groups.load(std::sync::atomic::Ordering::Relaxed),
+            writes = ledger.writes.load(std::sync::atomic::Ordering::Relaxed),
+            "ledger groups of this process written"
+        );
         session.link.publisher.close("worker shutting down").await;
         close(&session.conn, &session.channel).await;
     }

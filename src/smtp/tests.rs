@@ -215,13 +215,23 @@ async fn receive_data<S: AsyncRead + AsyncWrite>(
 fn mailer(port: u16, timeout: Duration, max_connections: u32) -> Mailer {
     Mailer::new(&MailerSettings {
         url: format!("smtp://127.0.0.1:{port}").parse().unwrap(),
-        from: "Shop <noreply@shop.example>".parse().unwrap(),
-        message_id_domain: "shop.example".into(),
         timeout,
-        max_connections,
-        dkim: None,
+        ..settings(max_connections)
     })
     .unwrap()
+}
+
+/// A mailer's settings for a server on port 9 (never reached by tests that do not send).
+fn settings(max_connections: u32) -> MailerSettings {
+    MailerSettings {
+        url: "smtp://127.0.0.1:9".parse().unwrap(),
+        from: "Shop <noreply@shop.example>".parse().unwrap(),
+        message_id_domain: "shop.example".into(),
+        timeout: Duration::from_secs(1),
+        max_connections,
+        reserved_ahead: 0,
+        dkim: None,
+    }
 }
 
 fn message() -> Outgoing {
@@ -290,6 +300,32 @@ async fn the_breaker_probe_waits_for_a_free_session_like_any_send() {
         "the probe answers once a session is free"
     );
     assert_eq!(s.counters.connections.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test]
+async fn a_line_of_reservations_ahead_waits_for_the_cap_and_gives_up_at_its_budget() {
+    let m = Mailer::new(&MailerSettings {
+        reserved_ahead: 5,
+        ..settings(1)
+    })
+    .unwrap();
+    // One connection and one place ahead of it, whatever was asked for beyond that.
+    let sending = m.reserve().await.unwrap().session(Duration::ZERO).await;
+    let sending = sending.expect("a free connection is taken without waiting");
+    let in_line = m.reserve().await.unwrap();
+    let third = tokio::time::timeout(Duration::from_millis(100), m.reserve()).await;
+    assert!(
+        third.is_err(),
+        "a third delivery got a place in a line of two"
+    );
+    // The connection stays busy past the budget: the claim in line gets none.
+    let started = tokio::time::Instant::now();
+    assert!(in_line.session(Duration::from_millis(200)).await.is_none());
+    assert!(started.elapsed() >= Duration::from_millis(200));
+    // Its place is given up with it, and the next in line gets the connection once it is free.
+    let next = m.reserve().await.unwrap();
+    drop(sending);
+    assert!(next.session(Duration::from_millis(200)).await.is_some());
 }
 
 #[tokio::test]
@@ -738,6 +774,7 @@ async fn implicit_tls_to_a_plaintext_server_is_an_unreachable_server() {
         message_id_domain: "shop.example".into(),
         timeout: Duration::from_secs(2),
         max_connections: 1,
+        reserved_ahead: 0,
         dkim: None,
     })
     .unwrap();

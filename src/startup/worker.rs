@@ -144,6 +144,11 @@ fn mailer_settings(config: &WorkerConfig) -> MailerSettings {
         message_id_domain: domain,
         timeout: config.smtp_timeout,
         max_connections: config.smtp_connections.max(1),
+        reserved_ahead: crate::worker::lease::reserved_ahead(
+            config.lease,
+            config.smtp_timeout,
+            config.smtp_connections.max(1),
+        ),
         dkim: config.dkim.as_ref().map(|d| DkimSettings {
             key: d.key.clone(),
             selector: d.selector.clone(),

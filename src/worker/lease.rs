@@ -1,8 +1,16 @@
 //! The claim's deadline, enforced in code. A claim is exclusive until its lease ends; after that
 //! another copy of the job may take it over and send. So a worker must never send on a claim it
-//! cannot finish in time: it waits for its SMTP session *before* claiming (waiting holds no
-//! lease), and after claiming it starts a send only if the whole send (the SMTP timeout) and the
-//! record of its result fit before the [`Deadline`]. Otherwise it gives the claim back unused.
+//! cannot finish in time: it takes its place in line for an SMTP session *before* claiming
+//! (waiting in line holds no lease), and after claiming it waits for a connection only while the
+//! whole send (the SMTP timeout) and the record of its result still fit before the
+//! [`Deadline`], and starts a send only if they do. Otherwise it gives the claim back unused.
+//!
+//! The line ([`reserved_ahead`]) lets up to one connection's worth of deliveries claim while
+//! every connection is busy, so claims and their commits overlap the sends in progress instead
+//! of holding a connection idle. Such a delivery has its connection within one whole send (the
+//! line is fair and no longer than the connections), so it is allowed only when the lease
+//! covers that wait on top of a whole send: with a shorter lease a slow server would make
+//! claims be given back, and the worker waits for the connection before it claims, as before.
 //!
 //! The deadline is counted from the moment the worker *asked* for the claim, so it ends before
 //! the lease the database wrote (`now() + lease` at commit, which is later), whatever the
@@ -41,6 +49,24 @@ impl Deadline {
     /// both end before the deadline.
     pub fn covers_send(&self, smtp_timeout: Duration) -> bool {
         self.remaining() >= smtp_timeout + RECORD_BUDGET
+    }
+
+    /// How long a claimed delivery may still wait for its SMTP connection: until the whole send
+    /// and its record would no longer fit (zero once they do not).
+    pub fn wait_budget(&self, smtp_timeout: Duration) -> Duration {
+        self.remaining()
+            .saturating_sub(smtp_timeout + RECORD_BUDGET)
+    }
+}
+
+/// Deliveries beyond the `connections` that may claim while every connection is busy:
+/// `connections` when the lease covers a claim's longest wait for a connection (one whole send)
+/// on top of a whole send ([`minimum_lease`]), else none.
+pub fn reserved_ahead(lease: Duration, smtp_timeout: Duration, connections: u32) -> u32 {
+    if lease >= minimum_lease(smtp_timeout) + smtp_timeout {
+        connections
+    } else {
+        0
     }
 }
 
@@ -104,6 +130,32 @@ mod tests {
         assert!(e.contains("at most 2s"), "{e}");
         let e = check(Duration::from_secs(1), Duration::from_secs(3)).unwrap_err();
         assert!(!e.contains("at most"), "{e}");
+    }
+
+    #[test]
+    fn claims_go_ahead_of_the_connections_only_when_the_lease_covers_one_more_send() {
+        let timeout = Duration::from_secs(3);
+        // 5 s is the tightest lease for a 3 s send; waiting for another send needs 3 s more.
+        assert_eq!(reserved_ahead(Duration::from_secs(5), timeout, 16), 0);
+        assert_eq!(reserved_ahead(Duration::from_millis(7999), timeout, 16), 0);
+        assert_eq!(reserved_ahead(Duration::from_secs(8), timeout, 16), 16);
+        // The defaults: a 3 minute lease and a 60 s send.
+        let (lease, timeout) = (Duration::from_secs(180), Duration::from_secs(60));
+        assert_eq!(reserved_ahead(lease, timeout, 16), 16);
+        assert_eq!(reserved_ahead(Duration::from_secs(120), timeout, 16), 0);
+    }
+
+    #[test]
+    fn the_wait_for_a_connection_ends_where_the_send_would_no_longer_fit() {
+        let lease = Duration::from_secs(8);
+        let timeout = Duration::from_secs(3);
+        let fresh = Deadline::of_claim(Instant::now(), lease);
+        // 7.5 s to the deadline, 4 s of them for the send and its record.
+        let budget = fresh.wait_budget(timeout);
+        assert!(budget <= Duration::from_millis(3500), "{budget:?}");
+        assert!(budget > Duration::from_millis(3400), "{budget:?}");
+        let late = Deadline::of_claim(Instant::now() - Duration::from_secs(4), lease);
+        assert_eq!(late.wait_budget(timeout), Duration::ZERO);
     }
 
     #[test]

@@ -1,6 +1,6 @@
-//! One delivery → one [`Outcome`]: decode and validate, wait for an SMTP session, claim
-//! `(job_id, kind)`, then ([`send`]) render, send if the claim's deadline covers the whole send
-//! ([`lease`]), record. No database transaction is held across the SMTP call: the claim and each
+//! One delivery → one [`Outcome`]: decode and validate, wait for a place in line for an SMTP
+//! session, claim `(job_id, kind)`, then ([`send`]) render, wait for the connection while the
+//! claim's deadline still covers the whole send, send if it does ([`lease`]), record. No database transaction is held across the SMTP call: the claim and each
 //! record are single statements, and the lease keeps other workers away in between.
 //!
 //! [`lease`]: super::lease
@@ -28,7 +28,7 @@ use crate::db::{Claim, ClaimRequest, LedgerStatus, Record, Refusal, judge_refusa
 use crate::failpoint;
 use crate::job::{EmailJob, ValidJob, mask_email};
 use crate::render::Templates;
-use crate::smtp::Session;
+use crate::smtp::Reservation;
 
 /// Extra wait past a live lease before trying again, so the retry lands after it expired.
 const LEASE_MARGIN: Duration = Duration::from_secs(1);
@@ -67,11 +67,11 @@ impl Worker {
                     templates,
                     claimed,
                     replay,
-                    session,
+                    reservation,
                     pass,
                 } = taken;
                 let outcome = self
-                    .use_claim(&job, claimed, replay, session, &templates)
+                    .use_claim(&job, claimed, replay, reservation, &templates)
                     .await;
                 // The domains' concurrency is held until the send ended.
                 drop(pass);
@@ -86,7 +86,7 @@ impl Worker {
         }
     }
 
-    /// Admits the job, waits for an SMTP session and claims the job; `Err` is the outcome of a
+    /// Admits the job, waits for a place in line for an SMTP session and claims the job; `Err` is the outcome of a
     /// delivery that got no claim (refused, a duplicate, busy elsewhere, a failure).
     async fn take_claim<'s>(&'s self, delivery: &Delivery) -> Result<Taken<'s>, Outcome> {
         let (job, templates) = match self.admit(delivery) {
@@ -102,10 +102,10 @@ impl Worker {
             // No SMTP session to wait for: the claim only records that it expired.
             return Err(self.expire(delivery, &job).await);
         }
-        // The SMTP session comes first: a delivery may wait for one as long as the pool is
-        // busy, and holds no claim (no lease runs) while it waits.
+        // The place in line for an SMTP session comes first: a delivery may wait for one as
+        // long as the pool is busy, and holds no claim (no lease runs) while it waits.
         let waiting = Instant::now();
-        let Some(session) = self.mailer.session().await else {
+        let Some(reservation) = self.mailer.reserve().await else {
             return Err(self.retry(Duration::ZERO, "the mailer is closed".into()));
         };
         self.stats.observe_session_wait(waiting.elapsed());
@@ -127,7 +127,7 @@ impl Worker {
                 let job = match suppress::screen(job, suppressed) {
                     Screened::Send(job) => job,
                     Screened::Suppressed(job, entry) => {
-                        drop((session, pass));
+                        drop((reservation, pass));
                         return Err(self.suppressed(&job, token, entry).await);
                     }
                 };
@@ -142,12 +142,12 @@ impl Worker {
                     templates,
                     claimed,
                     replay,
-                    session,
+                    reservation,
                     pass,
                 })
             }
             Claim::Refused(existing) => {
-                drop(session);
+                drop(reservation);
                 Err(self.refused(&job, existing.as_ref()).await)
             }
         }
@@ -279,7 +279,7 @@ impl Worker {
         job: &ValidJob,
         claimed: Claimed,
         replay: bool,
-        session: Session<'_>,
+        reservation: Reservation<'_>,
         templates: &Templates,
     ) -> Outcome {
         let Claimed { attempt, token, .. } = claimed;
@@ -296,11 +296,12 @@ impl Worker {
                 .give_up(job, token, attempt, ErrorClass::Exhausted, reason)
                 .await;
         }
-        // It may have expired while it waited for its SMTP session.
+        // It may have expired while it waited for its place in line.
         if job.job.expires_at.is_some_and(|at| at <= Utc::now()) {
             return self.give_up_expired(job, token, attempt).await;
         }
-        self.send_claimed(job, claimed, session, templates).await
+        self.send_claimed(job, claimed, reservation, templates)
+            .await
     }
 
     /// A claim whose commit failed may still have committed (the connection broke during the
@@ -462,13 +463,13 @@ impl Worker {
 }
 
 /// What a delivery holds once it claimed its job: the job and its template snapshot, the
-/// claim, whether it is a genuine replay, and its SMTP session.
+/// claim, whether it is a genuine replay, and its place in line for an SMTP session.
 struct Taken<'s> {
     job: ValidJob,
     templates: Arc<Templates>,
     claimed: Claimed,
     replay: bool,
-    session: Session<'s>,
+    reservation: Reservation<'s>,
     /// The sending limits' pass, `None` without limits.
     pass: Option<super::throttle::Pass>,
 }

@@ -1,5 +1,6 @@
-//! Sending on a claim this delivery holds: render and build the message, check that the
-//! claim's deadline covers a whole send, send in the uncertain window, and record the result
+//! Sending on a claim this delivery holds: render and build the message, wait for an SMTP
+//! connection while the claim's deadline covers a whole send, check that it still does, send in
+//! the uncertain window, and record the result
 //! (`sent` durably, a failure once) before the outcome goes to `settle`.
 
 use std::time::Duration;
@@ -19,7 +20,7 @@ use crate::db::Record;
 use crate::failpoint;
 use crate::job::{ValidJob, mask_addresses};
 use crate::render::Templates;
-use crate::smtp::{BuildError, Outgoing, SendError, Session, WINDOW_TARGET as WINDOW};
+use crate::smtp::{BuildError, Outgoing, Reservation, SendError, Session, WINDOW_TARGET as WINDOW};
 
 /// Why a job has no message to send.
 enum Unbuilt {
@@ -34,7 +35,7 @@ impl Worker {
         &self,
         job: &ValidJob,
         claimed: Claimed,
-        session: Session<'_>,
+        reservation: Reservation<'_>,
         templates: &Templates,
     ) -> Outcome {
         let Claimed {
@@ -56,17 +57,23 @@ impl Worker {
                     .await;
             }
         };
+        // The connection: a claim waits for one at most while the send still fits (with the
+        // line no longer than the connections, within one send; see `lease`).
+        let timeout = self.mailer.timeout();
+        let waiting = Instant::now();
+        let session = reservation.session(deadline.wait_budget(timeout)).await;
+        self.stats.observe_connection_wait(waiting.elapsed());
         // The fence: a send starts only if it, and the record of its result, end before the
         // claim's deadline. The send is bounded by the SMTP timeout, so no byte of it goes out
         // on a claim another copy may already have taken over.
-        let timeout = self.mailer.timeout();
-        if !deadline.covers_send(timeout) {
+        let session = session.filter(|_| deadline.covers_send(timeout));
+        let Some(session) = session else {
             let reason = format!(
                 "the claim's lease has {:?} left, less than a whole send ({timeout:?}) and its record",
                 deadline.remaining()
             );
             return self.give_back(job, token, reason).await;
-        }
+        };
         // Admitted jobs name a template, so their kind is a bounded label.
         match self.send(session, &message, &job.job.kind).await {
             Ok(reply) => self.accepted(job, token, deadline, &reply, templates).await,

@@ -69,8 +69,11 @@ pub struct Stats {
     pub open_windows: AtomicU64,
     /// Settled ledger rows deleted past the retention.
     pub ledger_deleted: AtomicU64,
-    /// Longest wait for an SMTP session so far, in microseconds (before any claim).
+    /// Longest wait for a place in line for an SMTP session so far, in microseconds (before
+    /// any claim).
     longest_session_wait_us: AtomicU64,
+    /// Longest wait of a claimed delivery for its SMTP connection so far, in microseconds.
+    longest_connection_wait_us: AtomicU64,
     /// Dead-lettered, by (kind, error class).
     dead_by: Mutex<LabelCounts>,
     /// Sent, retried and SMTP durations by kind label.
@@ -118,6 +121,7 @@ impl Default for Stats {
             open_windows: AtomicU64::new(0),
             ledger_deleted: AtomicU64::new(0),
             longest_session_wait_us: AtomicU64::new(0),
+            longest_connection_wait_us: AtomicU64::new(0),
             dead_by: Mutex::default(),
             by_kind: Mutex::default(),
             in_flight: AtomicI64::new(0),
@@ -188,16 +192,25 @@ impl Stats {
         self.circuit.get().map(|rx| *rx.borrow())
     }
 
-    /// A delivery waited `wait` for its SMTP session.
+    /// A delivery waited `wait` for its place in line for an SMTP session.
     pub(crate) fn observe_session_wait(&self, wait: std::time::Duration) {
-        let us = u64::try_from(wait.as_micros()).unwrap_or(u64::MAX);
-        self.longest_session_wait_us
-            .fetch_max(us, Ordering::Relaxed);
+        longest(&self.longest_session_wait_us, wait);
     }
 
-    /// The longest any delivery waited for an SMTP session (it held no claim meanwhile).
+    /// The longest any delivery waited for its place in line for an SMTP session (it held no
+    /// claim meanwhile).
     pub fn longest_session_wait(&self) -> std::time::Duration {
         std::time::Duration::from_micros(self.longest_session_wait_us.load(Ordering::Relaxed))
+    }
+
+    /// A claimed delivery waited `wait` for its SMTP connection.
+    pub(crate) fn observe_connection_wait(&self, wait: std::time::Duration) {
+        longest(&self.longest_connection_wait_us, wait);
+    }
+
+    /// The longest any claimed delivery waited for its SMTP connection (bounded by its lease).
+    pub fn longest_connection_wait(&self) -> std::time::Duration {
+        std::time::Duration::from_micros(self.longest_connection_wait_us.load(Ordering::Relaxed))
     }
 
     /// A delivery started (`+1`) or settled (`-1`).
@@ -278,6 +291,12 @@ impl Stats {
 pub struct WaitTimedOut {
     pub limit: Duration,
     pub last: Snapshot,
+}
+
+/// Raises `max_us` to `wait` in microseconds if it is longer.
+fn longest(max_us: &AtomicU64, wait: std::time::Duration) {
+    let us = u64::try_from(wait.as_micros()).unwrap_or(u64::MAX);
+    max_us.fetch_max(us, Ordering::Relaxed);
 }
 
 #[cfg(test)]

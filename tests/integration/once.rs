@@ -3,6 +3,7 @@
 //! send, multibyte ids at the byte limit, ids that differ only in trailing spaces or Unicode
 //! normalisation. Counted at the SMTP server, on every engine.
 
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use futures_util::future::join_all;
@@ -51,6 +52,55 @@ async fn a_starved_smtp_pool_and_a_slow_server_send_each_job_once() {
         assert_eq!(app.smtp.count(&app.message_id(id, "welcome")), 1, "{id}");
     }
     assert_eq!(app.smtp.received().len(), 12);
+}
+
+#[tokio::test]
+async fn claims_in_line_ahead_of_a_slow_pool_wait_within_their_lease_and_send_each_job_once() {
+    // The same starved pool, with a lease that covers one more whole send (8 s for a 3 s
+    // timeout): a second delivery claims while the one connection is busy and waits for it
+    // after its claim. It must get it within one send and send on a claim still its own.
+    let app = TestApp::spawn_with(&["--data-delay", "1.5"]).await;
+    let worker = app.start_worker(&[
+        "--concurrency",
+        "32",
+        "--prefetch",
+        "64",
+        "--smtp-connections",
+        "1",
+        "--smtp-timeout",
+        "3s",
+        "--lease",
+        "8s",
+    ]);
+    let ids: Vec<String> = (0..8).map(|i| format!("in-line-{i}")).collect();
+    for id in &ids {
+        let job = app.job(id);
+        app.publish(&job).await;
+        app.publish(&job).await;
+    }
+    worker
+        .stats
+        .wait_until(|s| s.sent + s.duplicates >= 16)
+        .await;
+    let after_claim = worker.stats.longest_connection_wait();
+    let given_back = worker.stats.given_back.load(Ordering::Relaxed);
+    worker.stop().await;
+    assert!(
+        after_claim > Duration::from_millis(700),
+        "the fault did not land: no claimed delivery waited for the busy connection ({after_claim:?})"
+    );
+    assert!(
+        after_claim < Duration::from_secs(3),
+        "a claim waited {after_claim:?} for its connection, longer than one whole send"
+    );
+    assert_eq!(
+        given_back, 0,
+        "every claim in line got its connection in time"
+    );
+    for id in &ids {
+        assert_eq!(app.smtp.count(&app.message_id(id, "welcome")), 1, "{id}");
+    }
+    assert_eq!(app.smtp.received().len(), ids.len());
 }
 
 #[tokio::test]

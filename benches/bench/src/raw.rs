@@ -421,6 +421,7 @@ pub async fn bench_mailer(
         message_id_domain: "mailroom.bench".into(),
         timeout: Duration::from_secs(60),
         max_connections: WORKER_SMTP_CONNECTIONS,
+        reserved_ahead: 0,
         dkim: None,
     })?;
     let message = mailer.build(&job, &rendered).await?;

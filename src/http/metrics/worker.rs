@@ -181,13 +181,19 @@ fn unsettled(out: &mut String, w: &Stats) {
     );
 }
 
-/// The longest wait for an SMTP session, the deliveries in flight and the SMTP circuit.
+/// The longest waits for an SMTP session (in line, and for the connection), the deliveries in flight and the SMTP circuit.
 fn gauges(out: &mut String, w: &Stats) {
     gauge(
         out,
         "mailroom_smtp_session_wait_max_seconds",
-        "Longest wait of a delivery for an SMTP session (the pool's cap), before its claim.",
+        "Longest wait of a delivery for its place in line for an SMTP session, before its claim.",
         w.longest_session_wait().as_secs_f64(),
+    );
+    gauge(
+        out,
+        "mailroom_smtp_connection_wait_max_seconds",
+        "Longest wait of a claimed delivery for its SMTP connection (bounded by its lease).",
+        w.longest_connection_wait().as_secs_f64(),
     );
     gauge(
         out,
