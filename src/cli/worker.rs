@@ -62,8 +62,8 @@ pub struct WorkerArgs {
     /// unknown mailbox or domain (5.1.1, 5.1.2, 5.1.10): later jobs to it are not sent.
     #[arg(long, env = "MAILROOM_SUPPRESS_BOUNCES", default_value_t = true, action = clap::ArgAction::Set)]
     pub suppress_bounces: bool,
-    /// Deliveries processed at once.
-    #[arg(long, env = "MAILROOM_CONCURRENCY", default_value_t = 32)]
+    /// Deliveries processed at once (their database pool holds at most 34 connections).
+    #[arg(long, env = "MAILROOM_CONCURRENCY", default_value_t = 64)]
     pub concurrency: usize,
     /// Deliveries RabbitMQ sends ahead (basic.qos): at least --concurrency (a lower value is
     /// refused at startup); default twice --concurrency.

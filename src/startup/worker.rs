@@ -125,12 +125,23 @@ pub fn build_worker(config: &WorkerConfig) -> anyhow::Result<Worker> {
     let (dir, loaded) =
         load_templates(&config.templates).map_err(|e| Fatal::Config(exit::one_line(&e)))?;
     let templates = LiveTemplates::new(dir, loaded);
-    let pool_size = u32::try_from(concurrency)
-        .unwrap_or(u32::MAX)
-        .saturating_add(2);
-    let db = Database::connect_lazy(&config.database_url, pool_size)?;
+    let db = Database::connect_lazy(&config.database_url, pool_size(concurrency))?;
     let settings = worker_settings(config, concurrency, prefetch);
     Ok(Worker::new(settings, db, Arc::new(templates), mailer))
+}
+
+/// Most database connections a worker opens: its claims and records go in groups (two being
+/// written at once), so only the rare statements of their own (a claim given back, a replay, a
+/// group split after a deadlock) need more, and they may wait for one. The concurrency plus 2,
+/// at most 34, so that raising the concurrency does not raise what the database must hold.
+pub const MAX_POOL: u32 = 34;
+
+/// The worker's database pool for `concurrency` deliveries at once.
+pub fn pool_size(concurrency: usize) -> u32 {
+    u32::try_from(concurrency)
+        .unwrap_or(u32::MAX)
+        .saturating_add(2)
+        .min(MAX_POOL)
 }
 
 fn mailer_settings(config: &WorkerConfig) -> MailerSettings {

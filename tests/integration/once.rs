@@ -109,7 +109,7 @@ async fn a_claim_too_late_for_a_whole_send_is_given_back_uncounted_and_sent_once
     // before the deadline (lease minus margin), less than a 2 s send plus its 1 s record.
     let app = TestApp::spawn().await;
     let mut worker = app.spawn_worker_process(
-        &[],
+        &["--lease", "5s"],
         &[(
             "MAILROOM_FAILPOINTS",
             "worker.after_claim@fenced=delay-once:2s",

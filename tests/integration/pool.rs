@@ -3,6 +3,8 @@
 //! failing a statement, while connections in steady use go straight to their statement; and a
 //! server on this machine is spoken to in the clear unless the URL requires TLS.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use mailroom::config::SecretUrl;
@@ -274,5 +276,63 @@ async fn a_process_names_its_sessions_after_its_subcommand_unless_the_url_names_
     );
     for child in [&mut relay, &mut worker, &mut own] {
         child.kill().await.unwrap();
+    }
+}
+
+/// What docs/DEPLOY.md promises a worker's pool holds at most, whatever its concurrency.
+const WORKER_POOL_AT_MOST: usize = 34;
+
+#[tokio::test]
+async fn a_worker_with_more_deliveries_than_database_connections_stays_within_its_pool_and_sends_each_job_once()
+ {
+    // Every write on its own (no group) and every chunk 20 ms late: 64 deliveries, each
+    // holding a connection for tens of milliseconds, want more connections than the pool has.
+    let app = TestApp::spawn().await;
+    let proxy = FaultProxy::in_front_of(&app.db_url).await;
+    proxy.set(Fault::Delay(Duration::from_millis(20)));
+    let url = proxy.url_through(&app.db_url);
+    let worker = app.start_worker(&[
+        "--database-url",
+        &url,
+        "--concurrency",
+        "64",
+        "--ledger-group",
+        "1",
+        "--smtp-connections",
+        "32",
+        "--lease",
+        "30s",
+    ]);
+    let ids: Vec<String> = (0..300).map(|i| format!("pool-{i}")).collect();
+    for id in &ids {
+        app.publish(&app.job(id)).await;
+    }
+    let peak = Arc::new(AtomicUsize::new(0));
+    let watching = tokio::spawn({
+        let (peak, open) = (peak.clone(), proxy.opened_counter());
+        async move {
+            loop {
+                peak.fetch_max(open.load(Ordering::SeqCst), Ordering::SeqCst);
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+        }
+    });
+    worker
+        .stats
+        .wait_until(|s| s.sent == ids.len() as u64)
+        .await;
+    watching.abort();
+    worker.stop().await;
+    let peak = peak.load(Ordering::SeqCst);
+    assert!(
+        peak <= WORKER_POOL_AT_MOST,
+        "the worker opened {peak} database connections, more than its pool of {WORKER_POOL_AT_MOST}"
+    );
+    assert!(
+        peak >= WORKER_POOL_AT_MOST - 2,
+        "the fault did not land: the deliveries never wanted the whole pool ({peak} connections)"
+    );
+    for id in &ids {
+        assert_eq!(app.smtp.count(&app.message_id(id, "welcome")), 1, "{id}");
     }
 }

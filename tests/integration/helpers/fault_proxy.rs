@@ -107,6 +107,11 @@ impl FaultProxy {
         self.pings.load(Ordering::SeqCst)
     }
 
+    /// The count behind [`FaultProxy::open`], for a task that watches it.
+    pub fn opened_counter(&self) -> Arc<AtomicUsize> {
+        self.open.clone()
+    }
+
     /// Connections being forwarded now (a reset one no longer counts).
     pub fn open(&self) -> usize {
         self.open.load(Ordering::SeqCst)

@@ -41,10 +41,11 @@ impl TestApp {
             "Mailroom Tests <noreply@mailroom.test>",
             "--templates",
             templates.to_str().unwrap(),
-            // The shortest lease that covers a 2 s send (worker::lease::minimum_lease) plus 1 s
+            // The shortest lease that lets claims go ahead of busy SMTP connections, as the
+            // defaults do (worker::lease::reserved_ahead: a 2 s send twice plus 2 s), plus 1 s
             // for claims slowed by a loaded machine.
             "--lease",
-            "5s",
+            "7s",
             "--smtp-timeout",
             "2s",
             "--concurrency",

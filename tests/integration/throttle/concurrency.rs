@@ -175,7 +175,14 @@ async fn a_claim_the_fence_gives_back_frees_its_domains_slot_and_is_sent_once_on
     // so the fence gives it back. Had the give-back kept late.test's only slot, every later job
     // to late.test would be held back for good, in a loop.
     let worker = app.spawn_worker_process(
-        &["--domain-limits", "late.test=max 1", "--max-attempts", "1"],
+        &[
+            "--domain-limits",
+            "late.test=max 1",
+            "--max-attempts",
+            "1",
+            "--lease",
+            "5s",
+        ],
         &[(
             "MAILROOM_FAILPOINTS",
             "worker.after_claim@late-0=delay-once:3s",
