@@ -1,7 +1,7 @@
 //! Sending on a claim this delivery holds: render and build the message, wait for an SMTP
 //! connection while the claim's deadline covers a whole send, check that it still does, send in
-//! the uncertain window, and record the result
-//! (`sent` durably, a failure once) before the outcome goes to `settle`.
+//! the uncertain window, and record the result (`sent` durably, a failure once) before the
+//! outcome goes to `settle`.
 
 use std::time::Duration;
 

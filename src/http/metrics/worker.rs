@@ -181,7 +181,8 @@ fn unsettled(out: &mut String, w: &Stats) {
     );
 }
 
-/// The longest waits for an SMTP session (in line, and for the connection), the deliveries in flight and the SMTP circuit.
+/// The longest waits for an SMTP session (in line, and for the connection), the deliveries in
+/// flight and the SMTP circuit.
 fn gauges(out: &mut String, w: &Stats) {
     gauge(
         out,
