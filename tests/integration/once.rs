@@ -13,11 +13,11 @@ use mailroom::db::{Claim, ClaimRequest};
 
 use crate::helpers::*;
 
-#[tokio::test]
-async fn a_starved_smtp_pool_and_a_slow_server_send_each_job_once() {
-    // One SMTP session for 32 deliveries and 1.5 s per message: most deliveries wait far longer
-    // than the 5 s lease for a session. They wait before claiming, so no lease runs out while
-    // they wait and no copy takes over a claim whose holder is still going to send.
+/// One SMTP session for 32 deliveries, a server taking 1.5 s per message and a 3 s send
+/// timeout under `lease`; `n` jobs, each published twice, all settled (sent or acked as the
+/// duplicate) when it returns, with the app still up. Each job reached the SMTP server once,
+/// or it panics.
+async fn starved_pool(lease: &str, prefix: &str, n: usize) -> (TestApp, RunningWorker) {
     let app = TestApp::spawn_with(&["--data-delay", "1.5"]).await;
     let worker = app.start_worker(&[
         "--concurrency",
@@ -29,29 +29,38 @@ async fn a_starved_smtp_pool_and_a_slow_server_send_each_job_once() {
         "--smtp-timeout",
         "3s",
         "--lease",
-        "5s",
+        lease,
     ]);
-    let ids: Vec<String> = (0..12).map(|i| format!("starved-{i}")).collect();
+    let ids: Vec<String> = (0..n).map(|i| format!("{prefix}-{i}")).collect();
     for id in &ids {
         let job = app.job(id);
         app.publish(&job).await;
         app.publish(&job).await;
     }
-    // A duplicate send would show as a 13th `sent` before the 12th duplicate.
+    // A duplicate send would show as an extra `sent` before the last duplicate.
     worker
         .stats
-        .wait_until(|s| s.sent + s.duplicates >= 24)
+        .wait_until(|s| s.sent + s.duplicates >= 2 * n as u64)
         .await;
+    for id in &ids {
+        assert_eq!(app.smtp.count(&app.message_id(id, "welcome")), 1, "{id}");
+    }
+    assert_eq!(app.smtp.received().len(), n);
+    (app, worker)
+}
+
+#[tokio::test]
+async fn a_starved_smtp_pool_and_a_slow_server_send_each_job_once() {
+    // Most deliveries wait far longer than the 5 s lease for a session. They wait before
+    // claiming, so no lease runs out while they wait and no copy takes over a claim whose
+    // holder is still going to send.
+    let (_app, worker) = starved_pool("5s", "starved", 12).await;
     let waited = worker.stats.longest_session_wait();
     worker.stop().await;
     assert!(
         waited > Duration::from_secs(5),
         "the fault did not land: the longest wait for an SMTP session, {waited:?}, is within the lease"
     );
-    for id in &ids {
-        assert_eq!(app.smtp.count(&app.message_id(id, "welcome")), 1, "{id}");
-    }
-    assert_eq!(app.smtp.received().len(), 12);
 }
 
 #[tokio::test]
@@ -59,29 +68,7 @@ async fn claims_in_line_ahead_of_a_slow_pool_wait_within_their_lease_and_send_ea
     // The same starved pool, with a lease that covers one more whole send (8 s for a 3 s
     // timeout): a second delivery claims while the one connection is busy and waits for it
     // after its claim. It must get it within one send and send on a claim still its own.
-    let app = TestApp::spawn_with(&["--data-delay", "1.5"]).await;
-    let worker = app.start_worker(&[
-        "--concurrency",
-        "32",
-        "--prefetch",
-        "64",
-        "--smtp-connections",
-        "1",
-        "--smtp-timeout",
-        "3s",
-        "--lease",
-        "8s",
-    ]);
-    let ids: Vec<String> = (0..8).map(|i| format!("in-line-{i}")).collect();
-    for id in &ids {
-        let job = app.job(id);
-        app.publish(&job).await;
-        app.publish(&job).await;
-    }
-    worker
-        .stats
-        .wait_until(|s| s.sent + s.duplicates >= 16)
-        .await;
+    let (_app, worker) = starved_pool("8s", "in-line", 8).await;
     let after_claim = worker.stats.longest_connection_wait();
     let given_back = worker.stats.given_back.load(Ordering::Relaxed);
     worker.stop().await;
@@ -97,10 +84,6 @@ async fn claims_in_line_ahead_of_a_slow_pool_wait_within_their_lease_and_send_ea
         given_back, 0,
         "every claim in line got its connection in time"
     );
-    for id in &ids {
-        assert_eq!(app.smtp.count(&app.message_id(id, "welcome")), 1, "{id}");
-    }
-    assert_eq!(app.smtp.received().len(), ids.len());
 }
 
 #[tokio::test]
