@@ -10,9 +10,10 @@
 //! without the wait most acks would find a gap before them and go alone.
 //!
 //! An ack that waits holds no concurrency slot (the worker frees the slot once the outcome is
-//! recorded), only one delivery of the channel's prefetch. So the batch is the prefetch's
-//! headroom over the concurrency: a run is written before the acks waiting could keep a free
-//! slot from its next delivery.
+//! recorded), only one delivery of the channel's prefetch. So the batch is half the prefetch's
+//! headroom over the concurrency, and acks waiting past a gap count towards it: the acks are
+//! written while the other half still holds the next deliveries for the slots that free up,
+//! and the waiting acks never keep a free slot from its next delivery.
 //!
 //! The broker applies a `multiple` ack to every unacked delivery at or below its tag, so it is
 //! only ever written when each of those was settled here: acked (in this frame or an earlier
@@ -36,10 +37,12 @@ use lapin::options::BasicAckOptions;
 use tokio::sync::{Notify, oneshot};
 
 /// How long an ack may wait before it is written: for more acks to share its frame, or for a
-/// delivery before it, still in flight, to be settled. An ack written 5 ms later delays
-/// nothing a recipient or an operator sees (the outcome is recorded by then), and at the
-/// worker's full rate it lets one frame carry 20 to 30 acks instead of 5.
-pub const ACK_LINGER: Duration = Duration::from_millis(5);
+/// delivery before it, still in flight, to be settled. An ack written 50 ms later delays
+/// nothing a recipient or an operator sees (the outcome is recorded by then). At one worker's
+/// full rate the batch fills long before; the linger is for a worker with a share of the
+/// load (one of several processes, or a steady trickle), whose frames would otherwise carry a
+/// few acks each, every frame a command through the quorum queue's log.
+pub const ACK_LINGER: Duration = Duration::from_millis(50);
 
 /// When the acks of a channel are written.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -52,11 +55,12 @@ pub struct AckPolicy {
 
 impl AckPolicy {
     /// The policy of a consuming channel with this prefetch, whose deliveries are worked on
-    /// `concurrency` at a time: runs of the prefetch's headroom over the concurrency (at least
-    /// one: with no headroom each ack goes at once), each ack waiting [`ACK_LINGER`] at most.
+    /// `concurrency` at a time: runs of half the prefetch's headroom over the concurrency (at
+    /// least one: with no headroom each ack goes at once), each ack waiting [`ACK_LINGER`] at
+    /// most.
     pub fn for_consumer(prefetch: u16, concurrency: usize) -> AckPolicy {
         AckPolicy {
-            batch: usize::from(prefetch).saturating_sub(concurrency).max(1),
+            batch: (usize::from(prefetch).saturating_sub(concurrency) / 2).max(1),
             linger: ACK_LINGER,
         }
     }
@@ -224,7 +228,8 @@ impl<W> Tags<W> {
     /// The frames to write at `now`: one (`multiple` when it carries several) for the acks in
     /// the run of settled tags from the floor, once it holds `policy.batch` acks or its oldest
     /// has waited `policy.linger`, and one for each ack beyond a gap that has waited the linger
-    /// for the gap to close; and when the next waiting ack is due.
+    /// for the gap to close; every waiting ack once the run and those past gaps together hold
+    /// `policy.batch`; and when the next waiting ack is due.
     pub fn plan(&mut self, now: Instant, policy: AckPolicy) -> (Vec<Frame<W>>, Option<Instant>) {
         let linger = policy.linger;
         let mut next: Option<Instant> = None;
@@ -241,9 +246,13 @@ impl<W> Tags<W> {
             }
             end += 1;
         }
+        // Acks waiting past a gap hold the prefetch as the run's do: once they fill the batch
+        // together, everything waiting goes, or the channel would run out of deliveries.
+        let past_gap = self.above.range(end..).filter(|(_, held)| held.is_some());
+        let full = acks + past_gap.count() >= policy.batch;
         let due = oldest.map(|oldest| oldest + linger);
         let mut frames = Vec::new();
-        if acks >= policy.batch || due.is_none_or(|due| now >= due) {
+        if full || due.is_none_or(|due| now >= due) {
             let mut run = Vec::with_capacity(acks);
             while self.floor < end {
                 if let Some(Some((ack, _))) = self.above.remove(&self.floor) {
@@ -259,7 +268,7 @@ impl<W> Tags<W> {
         }
         for held in self.above.range_mut(end..).map(|(_, held)| held) {
             match held {
-                Some((_, since)) if now.saturating_duration_since(*since) < linger => {
+                Some((_, since)) if !full && now.saturating_duration_since(*since) < linger => {
                     wait_until(*since + linger);
                 }
                 Some(_) => {
@@ -329,7 +338,7 @@ mod tests {
 
     #[test]
     fn an_ack_past_a_gap_waits_for_the_gap_to_close_up_to_the_linger() {
-        // Any run goes at once: only the acks past a gap wait.
+        // A run of three goes at once: only the acks past a gap wait.
         let hold = Duration::from_millis(5);
         let t0 = Instant::now();
         let mut tags = Tags::new();
@@ -338,21 +347,21 @@ mod tests {
             .unwrap();
         // 1 is in flight: 2 and 3 wait, and the first is due when its hold is over.
         assert_eq!(
-            plan_at(&mut tags, t0, policy(1, hold)),
+            plan_at(&mut tags, t0, policy(3, hold)),
             (vec![], Some(t0 + hold))
         );
         // 1 is acked within the hold: one frame carries all three.
         tags.settle(1, Some((1, t0 + Duration::from_millis(2))))
             .unwrap();
-        let (frames, next) = plan_at(&mut tags, t0 + Duration::from_millis(2), policy(1, hold));
+        let (frames, next) = plan_at(&mut tags, t0 + Duration::from_millis(2), policy(3, hold));
         assert_eq!(frames, vec![vec![1, 2, 3]]);
         assert_eq!(next, None);
         // 4 is in flight past the hold of 5: 5 goes alone when due, not before.
         tags.settle(5, Some((5, t0))).unwrap();
-        let (frames, next) = plan_at(&mut tags, t0 + Duration::from_millis(4), policy(1, hold));
+        let (frames, next) = plan_at(&mut tags, t0 + Duration::from_millis(4), policy(3, hold));
         assert!(frames.is_empty());
         assert_eq!(next, Some(t0 + hold));
-        let (frames, next) = plan_at(&mut tags, t0 + hold, policy(1, hold));
+        let (frames, next) = plan_at(&mut tags, t0 + hold, policy(3, hold));
         assert_eq!(frames, vec![vec![5]]);
         assert_eq!(next, None);
         assert_eq!(tags.floor, 4);
@@ -435,9 +444,43 @@ mod tests {
     }
 
     #[test]
-    fn the_batch_is_the_prefetch_headroom_over_the_concurrency() {
-        assert_eq!(AckPolicy::for_consumer(64, 32).batch, 32);
-        assert_eq!(AckPolicy::for_consumer(40, 32).batch, 8);
+    fn acks_past_a_gap_go_once_they_and_the_run_fill_the_batch() {
+        // A slow delivery keeps a gap open far longer than the linger: the acks behind it
+        // hold the prefetch as much as the run's do, so they may not wait past the batch.
+        let linger = Duration::from_millis(50);
+        let t0 = Instant::now();
+        let at = |ms: u64| t0 + Duration::from_millis(ms);
+        let mut tags = Tags::new();
+        tags.settle(1, Some((1, at(0)))).unwrap();
+        tags.settle(3, Some((3, at(1)))).unwrap();
+        tags.settle(4, Some((4, at(2)))).unwrap();
+        // 2 is in flight; three acks wait, one short of the batch: all wait for the linger.
+        assert_eq!(
+            plan_at(&mut tags, at(2), policy(4, linger)),
+            (vec![], Some(at(50)))
+        );
+        // A fourth behind the gap fills the batch: the run goes as one frame, each ack past
+        // the gap alone, well before the linger is over.
+        tags.settle(5, Some((5, at(3)))).unwrap();
+        assert_eq!(
+            plan_at(&mut tags, at(3), policy(4, linger)),
+            (vec![vec![1], vec![3], vec![4], vec![5]], None)
+        );
+        assert_eq!(tags.floor, 2);
+        // The gap never crossed: once 2 is acked, its run is 2 alone (3 to 5 were written).
+        tags.settle(2, Some((2, at(4)))).unwrap();
+        assert_eq!(
+            plan_at(&mut tags, at(54), policy(4, linger)),
+            (vec![vec![2]], None)
+        );
+        assert_eq!(tags.floor, 6);
+    }
+
+    #[test]
+    fn the_batch_is_half_the_prefetch_headroom_over_the_concurrency() {
+        assert_eq!(AckPolicy::for_consumer(128, 64).batch, 32);
+        assert_eq!(AckPolicy::for_consumer(40, 32).batch, 4);
+        assert_eq!(AckPolicy::for_consumer(33, 32).batch, 1);
         // No headroom: every ack at once, or a free slot would wait for its delivery.
         assert_eq!(AckPolicy::for_consumer(32, 32).batch, 1);
         assert_eq!(AckPolicy::for_consumer(8, 32).batch, 1);

@@ -80,11 +80,12 @@ async fn acks_wait_for_the_delivery_before_them_share_a_frame_and_never_cover_on
     }
     let tags: Vec<u64> = deliveries.iter().map(|d| d.delivery_tag).collect();
     assert_eq!(tags, (1..=20).collect::<Vec<_>>());
-    // Runs go at once; a linger far longer than this test's steps: acks held past a gap go out
-    // either with the run once the gap closes, or alone once the linger is over.
+    // Runs of ten go at once; a linger far longer than this test's steps: acks held past a gap
+    // go out either with the run once the gap closes, or alone once the linger is over (or once
+    // ten wait, which this test never reaches past a gap).
     let hold = Duration::from_secs(2);
     let acks = Acks::new(AckPolicy {
-        batch: 1,
+        batch: 10,
         linger: hold,
     });
     let ack_all = |range: std::ops::RangeInclusive<usize>| {
@@ -132,7 +133,7 @@ async fn acks_wait_for_the_delivery_before_them_share_a_frame_and_never_cover_on
     assert!(again.redelivered);
     assert_eq!(again.delivery_tag, 21);
 
-    // 11-20 are settled, so the ack of 21 is a run of its own, at once.
+    // 11-20 are settled, so the ack of 21 is a run of its own, written once the linger is over.
     assert!(acks.ack(&again.acker, again.delivery_tag).await.unwrap());
     assert_eq!(acks.written(), (11, 20));
 
