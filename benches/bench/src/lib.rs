@@ -269,10 +269,11 @@ async fn run(opts: Opts) -> anyhow::Result<()> {
     if opts.only == Some(Only::Recorder) {
         let run = recorder_run(&services, &opts, &logs).await?;
         println!(
-            "{}: publish → accepted+recorded p50 / p95 / p99 {}{}\n{}",
+            "{}: publish → accepted+recorded p50 / p95 / p99 {}{}\n{}\n{}",
             run.label,
             run.latency.triple(),
             report::incomplete(run.sent, run.n, run.complete),
+            run.split.line(),
             report::paced_cost(&run)
         );
         return Ok(());
@@ -307,10 +308,11 @@ async fn run(opts: Opts) -> anyhow::Result<()> {
             let label = format!("paced-{}", rate.round());
             let run = workers::paced(&services, &sink, &label, rate, n, &logs).await?;
             println!(
-                "{:.0} % of max ({rate:.0}/s, {n} jobs): publish → accepted+recorded p50 / p95 / p99 {}{}\n{}",
+                "{:.0} % of max ({rate:.0}/s, {n} jobs): publish → accepted+recorded p50 / p95 / p99 {}{}\n{}\n{}",
                 f * 100.0,
                 run.latency.triple(),
                 report::incomplete(run.sent, run.n, run.complete),
+                run.split.line(),
                 report::paced_cost(&run)
             );
         }

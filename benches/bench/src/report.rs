@@ -404,6 +404,12 @@ pub fn table(r: &Results) -> String {
         );
         let _ = writeln!(
             t,
+            "| worker path at {}: where the time went | {} | | |",
+            p.label,
+            p.split.line()
+        );
+        let _ = writeln!(
+            t,
             "| worker path at {}: CPU per email by process | {} | | |",
             p.label,
             paced_cost(p)
