@@ -1,5 +1,6 @@
 //! The documentation keeps up with the code: every environment variable a command reads is in
-//! docs/OPERATING.md's one configuration table (and nothing there is made up), and every
+//! docs/OPERATING.md's one configuration table (and nothing there is made up), every metric
+//! `/metrics` can serve is in docs/METRICS.md (and nothing there is made up), and every
 //! relative link in the Markdown files points at a file that exists.
 
 use std::collections::BTreeSet;
@@ -123,4 +124,57 @@ fn every_relative_link_in_the_docs_points_at_a_file_that_exists() {
         "only {checked} links found: is the parser broken?"
     );
     assert!(broken.is_empty(), "links to nothing: {broken:#?}");
+}
+
+/// The metric names written as string literals in `src/http/metrics.rs` and
+/// `src/http/metrics/`: every `"mailroom_…"` and `"process_…"`.
+fn metrics_in_code() -> BTreeSet<String> {
+    let dir = Path::new(ROOT).join("src/http");
+    let mut files = vec![dir.join("metrics.rs")];
+    rust_files(&dir.join("metrics"), &mut files);
+    let mut names = BTreeSet::new();
+    for file in files {
+        let text = fs::read_to_string(&file).unwrap();
+        for piece in text.split('"').skip(1).step_by(2) {
+            if is_metric_name(piece) {
+                names.insert(piece.to_owned());
+            }
+        }
+    }
+    names
+}
+
+fn is_metric_name(s: &str) -> bool {
+    (s.starts_with("mailroom_") || s.starts_with("process_"))
+        && s.chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
+}
+
+/// The backquoted metric names in the first column of docs/METRICS.md's tables (its other
+/// tables name endpoints and commands).
+fn metrics_in_docs() -> BTreeSet<String> {
+    let text = fs::read_to_string(Path::new(ROOT).join("docs/METRICS.md")).unwrap();
+    text.lines()
+        .filter_map(|row| row.strip_prefix("| `"))
+        .filter_map(|rest| rest.split('`').next())
+        .filter(|name| is_metric_name(name))
+        .map(str::to_owned)
+        .collect()
+}
+
+#[test]
+fn every_metric_the_server_serves_is_in_the_metrics_reference_and_nothing_else_is() {
+    let code = metrics_in_code();
+    let docs = metrics_in_docs();
+    assert!(code.len() > 30, "found only {code:?} in src/http/metrics");
+    let missing: Vec<_> = code.difference(&docs).collect();
+    assert!(
+        missing.is_empty(),
+        "served by /metrics, not in docs/METRICS.md: {missing:?}"
+    );
+    let invented: Vec<_> = docs.difference(&code).collect();
+    assert!(
+        invented.is_empty(),
+        "in docs/METRICS.md, served nowhere: {invented:?}"
+    );
 }
