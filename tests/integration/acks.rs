@@ -48,7 +48,7 @@ async fn acks_wait_for_the_delivery_before_them_share_a_frame_and_never_cover_on
     ch.confirm_select(ConfirmSelectOptions::default())
         .await
         .unwrap();
-    for i in 1..=20 {
+    for i in 1..=30 {
         let body = format!("m{i}");
         let confirm = ch
             .basic_publish(
@@ -75,14 +75,14 @@ async fn acks_wait_for_the_delivery_before_them_share_a_frame_and_never_cover_on
         .await
         .unwrap();
     let mut deliveries = Vec::new();
-    for _ in 0..20 {
+    for _ in 0..30 {
         deliveries.push(next(&mut consumer).await);
     }
     let tags: Vec<u64> = deliveries.iter().map(|d| d.delivery_tag).collect();
-    assert_eq!(tags, (1..=20).collect::<Vec<_>>());
+    assert_eq!(tags, (1..=30).collect::<Vec<_>>());
     // Runs of ten go at once; a linger far longer than this test's steps: acks held past a gap
-    // go out either with the run once the gap closes, or alone once the linger is over (or once
-    // ten wait, which this test never reaches past a gap).
+    // go out either with the run once the gap closes, or alone once the linger is over, or once
+    // ten wait.
     let hold = Duration::from_secs(2);
     let acks = Acks::new(AckPolicy {
         batch: 10,
@@ -119,6 +119,17 @@ async fn acks_wait_for_the_delivery_before_them_share_a_frame_and_never_cover_on
     );
     assert_eq!(acks.written(), (10, 19));
 
+    // 21-30 are acked with 11 still in flight: ten past the gap fill the batch, so each goes
+    // alone at once instead of holding the prefetch for the whole linger.
+    let started = std::time::Instant::now();
+    let written = ack_all(21..=30).await;
+    assert!(written.iter().all(|w| *w));
+    assert!(
+        started.elapsed() < hold,
+        "a full batch of acks past a gap waited out the hold"
+    );
+    assert_eq!(acks.written(), (20, 29));
+
     // Delivery 11 goes back to the queue. Had any frame covered it, the broker would have
     // taken it as acked: this reject would close the channel and nothing would come back.
     assert!(
@@ -131,11 +142,11 @@ async fn acks_wait_for_the_delivery_before_them_share_a_frame_and_never_cover_on
     let again = next(&mut consumer).await;
     assert_eq!(id(&again), "m11");
     assert!(again.redelivered);
-    assert_eq!(again.delivery_tag, 21);
+    assert_eq!(again.delivery_tag, 31);
 
-    // 11-20 are settled, so the ack of 21 is a run of its own, written once the linger is over.
+    // 11-30 are settled, so the ack of 31 is a run of its own, written once the linger is over.
     assert!(acks.ack(&again.acker, again.delivery_tag).await.unwrap());
-    assert_eq!(acks.written(), (11, 20));
+    assert_eq!(acks.written(), (21, 30));
 
     // Every ack took: once the closed channel's consumer is gone (and with it anything it held
     // unacked put back), the queue is empty.
