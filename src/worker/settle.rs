@@ -21,6 +21,10 @@ use crate::job::mask_addresses;
 /// the delivery counts as unsettled: a broken connection's deliveries are redelivered anyway.
 const SETTLE_TIMEOUT: Duration = Duration::from_secs(10);
 
+// An ack first waits up to the linger for company: the timeout must leave it that wait and
+// the write, or every ack of a quiet worker would count as unsettled and be redelivered.
+const _: () = assert!(SETTLE_TIMEOUT.as_millis() >= 10 * broker::ACK_LINGER.as_millis());
+
 impl Worker {
     pub(super) async fn settle(&self, link: &Link, delivery: &Delivery, outcome: Outcome) {
         match outcome {
