@@ -255,7 +255,14 @@ impl Relay {
                 }
             }
         }
-        tracing::info!("relay stopped");
+        let stats = &self.stats;
+        tracing::info!(
+            published = stats.published.load(Ordering::Relaxed),
+            scans = stats.scans.load(Ordering::Relaxed),
+            probes = stats.probes.load(Ordering::Relaxed),
+            woken = stats.woken.load(Ordering::Relaxed),
+            "relay stopped"
+        );
         Ok(())
     }
 
@@ -322,30 +329,53 @@ impl Relay {
         loop {
             let next = match self.next_batch(channel, in_flight.take()).await {
                 Ok(next) => next,
-                Err(e) if conn.status().blocked() => {
-                    // Both batches' transactions were dropped: rolled back, their rows free.
-                    self.stats.blocked.fetch_add(1, Ordering::Relaxed);
-                    tracing::warn!(
-                        error = format!("{e:#}"),
-                        "batch rolled back: RabbitMQ blocks publishing (resource alarm)"
-                    );
-                    tokio::select! {
-                        _ = broker::wait_while_blocked(conn.status()) => continue,
-                        _ = shutdown.cancelled() => return Ok(None),
-                    }
-                }
-                Err(e) => return Err(e),
+                Err(e) => match self.wait_if_blocked(conn, e, shutdown).await? {
+                    true => continue,
+                    false => return Ok(None),
+                },
             };
             let Some(written) = next else {
                 return Ok(Some(claimed));
             };
-            claimed += written.claimed;
             let short = written.claimed < self.settings.batch_size as usize && !written.cut;
             if short || shutdown.is_cancelled() {
-                self.settle(written).await?;
-                return Ok(Some(claimed));
+                // A whole batch can be written before the broker blocks the connection: then
+                // its confirms are what never come.
+                let rows = written.claimed;
+                match self.settle(written).await {
+                    Ok(()) => return Ok(Some(claimed + rows)),
+                    Err(e) => match self.wait_if_blocked(conn, e, shutdown).await? {
+                        true => continue,
+                        false => return Ok(None),
+                    },
+                }
             }
+            claimed += written.claimed;
             in_flight = Some(written);
+        }
+    }
+
+    /// After a batch failed: when the broker blocks the connection (a resource alarm), the
+    /// batch's transactions were dropped, so its rows are free again, and this waits for the
+    /// broker to unblock the connection (true) or for `shutdown` (false); any other failure is
+    /// the session's.
+    async fn wait_if_blocked(
+        &self,
+        conn: &lapin::Connection,
+        e: anyhow::Error,
+        shutdown: &CancellationToken,
+    ) -> anyhow::Result<bool> {
+        if !conn.status().blocked() {
+            return Err(e);
+        }
+        self.stats.blocked.fetch_add(1, Ordering::Relaxed);
+        tracing::warn!(
+            error = format!("{e:#}"),
+            "batch rolled back: RabbitMQ blocks publishing (resource alarm)"
+        );
+        tokio::select! {
+            _ = broker::wait_while_blocked(conn.status()) => Ok(true),
+            _ = shutdown.cancelled() => Ok(false),
         }
     }
 
@@ -521,6 +551,10 @@ impl Relay {
     /// resolves `basic_publish` once the message is written, which never happens on a
     /// connection the broker blocks. A channel error or a timeout fails the whole batch:
     /// nothing is marked, everything is retried.
+    ///
+    /// The whole batch is handed to lapin before any write is awaited ([`in_order`]): awaited
+    /// one by one, every message was a round trip to lapin's I/O thread and back, four
+    /// context switches per row, most of the relay's CPU.
     async fn write_all(
         &self,
         channel: &Channel,
@@ -531,20 +565,19 @@ impl Relay {
             ..Default::default()
         };
         let write = async {
-            let mut pending = Vec::with_capacity(outgoing.len());
-            for out in outgoing {
-                let confirm = channel
-                    .basic_publish(
-                        out.exchange.into(),
-                        out.row.kind.as_str().into(),
-                        options,
-                        &out.body,
-                        out.properties.clone(),
-                    )
-                    .await?;
-                pending.push(confirm);
-            }
-            Ok::<_, lapin::Error>(pending)
+            let publishes = outgoing.iter().map(|out| {
+                channel.basic_publish(
+                    out.exchange.into(),
+                    out.row.kind.as_str().into(),
+                    options,
+                    &out.body,
+                    out.properties.clone(),
+                )
+            });
+            in_order(publishes.collect())
+                .await
+                .into_iter()
+                .collect::<Result<Vec<_>, lapin::Error>>()
         };
         let timeout = broker::CONFIRM_TIMEOUT;
         Ok(tokio::time::timeout(timeout, write).await.map_err(|_| {
@@ -615,6 +648,35 @@ impl Relay {
     }
 }
 
+/// Runs `futures` together and returns their outputs in order. Every poll goes through them
+/// in order, so each one's first poll comes before the next one's: lapin takes a message's
+/// delivery tag and queues its frames in `basic_publish`'s first poll, so the messages go on
+/// the wire in the batch's order. (`join_all` hands long lists to `FuturesOrdered`, whose
+/// polling order is its own business.)
+async fn in_order<F: std::future::Future>(futures: Vec<F>) -> Vec<F::Output> {
+    use futures_util::future::{MaybeDone, maybe_done};
+    let mut futures: Vec<std::pin::Pin<Box<MaybeDone<F>>>> = futures
+        .into_iter()
+        .map(|f| Box::pin(maybe_done(f)))
+        .collect();
+    std::future::poll_fn(|cx| {
+        let mut done = true;
+        for f in &mut futures {
+            done &= f.as_mut().poll(cx).is_ready();
+        }
+        if done {
+            std::task::Poll::Ready(())
+        } else {
+            std::task::Poll::Pending
+        }
+    })
+    .await;
+    futures
+        .iter_mut()
+        .map(|f| f.as_mut().take_output().expect("every future is done"))
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -632,6 +694,28 @@ mod tests {
         );
         poll.busy();
         assert_eq!(poll.idle(), ms(10));
+    }
+
+    /// Each future logs its first poll, then yields a different number of times: the first
+    /// polls come in the list's order, however the futures finish, and so do the outputs.
+    #[tokio::test]
+    async fn in_order_polls_each_future_first_in_the_lists_order() {
+        let first_polls = std::sync::Mutex::new(vec![]);
+        let futures = (0..40usize)
+            .map(|i| {
+                let first_polls = &first_polls;
+                async move {
+                    first_polls.lock().unwrap().push(i);
+                    for _ in 0..(40 - i) % 7 {
+                        tokio::task::yield_now().await;
+                    }
+                    i * 10
+                }
+            })
+            .collect();
+        let outputs = in_order(futures).await;
+        assert_eq!(outputs, (0..40).map(|i| i * 10).collect::<Vec<_>>());
+        assert_eq!(*first_polls.lock().unwrap(), (0..40).collect::<Vec<_>>());
     }
 
     #[test]

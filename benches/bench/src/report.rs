@@ -200,7 +200,8 @@ pub fn backlog_cost(w: &crate::workers::BacklogRun) -> String {
 /// [`cost_line`] of an end-to-end run (relay + worker), with its WAL.
 pub fn end_to_end_cost(e: &crate::relay::EndToEnd) -> String {
     format!(
-        "{}\n{}",
+        "{}\n{}\n{}",
+        cpu_line(&e.cpu),
         cost_line(
             &e.cpu,
             e.sent as f64,
