@@ -554,7 +554,8 @@ impl Relay {
     ///
     /// The whole batch is handed to lapin before any write is awaited ([`in_order`]): awaited
     /// one by one, every message was a round trip to lapin's I/O thread and back, four
-    /// context switches per row, most of the relay's CPU.
+    /// context switches per row, most of the relay's CPU. lapin then holds a copy of the
+    /// batch's bodies until they are written, so `batch_bytes` bounds that copy too.
     async fn write_all(
         &self,
         channel: &Channel,
