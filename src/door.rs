@@ -97,8 +97,7 @@ pub fn admit_stored(payload: &str, templates: Option<&Templates>) -> Result<Admi
 
 /// Deserialises a job without validating it, naming the field a shape error is at.
 pub fn parse(body: &[u8]) -> Result<EmailJob, JobError> {
-    let de = &mut serde_json::Deserializer::from_slice(body);
-    serde_path_to_error::deserialize(de).map_err(shape_error)
+    crate::job::deserialize_job(body).map_err(shape_error)
 }
 
 /// [`parse`] for a JSON value (the HTTP API's body).

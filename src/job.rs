@@ -102,6 +102,21 @@ fn invalid(field: impl Into<String>, reason: impl Into<String>) -> JobError {
     }
 }
 
+/// Deserialises `body` as a job, as `serde_path_to_error` over a `serde_json` slice
+/// deserializer does (no check for bytes after the value, on either path): first without
+/// tracking the path, which every job that parses (nearly all) then pays nothing for, and only
+/// when that fails again with the path tracked, so the error still names its field. The
+/// tracker wraps every value it passes on: a quarter of each parse (`compose_cost`: 3.3 →
+/// 2.5 µs for the bench's job), and the relay parses every row three times.
+pub(crate) fn deserialize_job(
+    body: &[u8],
+) -> Result<EmailJob, serde_path_to_error::Error<serde_json::Error>> {
+    if let Ok(job) = EmailJob::deserialize(&mut serde_json::Deserializer::from_slice(body)) {
+        return Ok(job);
+    }
+    serde_path_to_error::deserialize(&mut serde_json::Deserializer::from_slice(body))
+}
+
 impl EmailJob {
     /// Decodes and validates a job body.
     pub fn decode(body: &[u8]) -> Result<ValidJob, JobError> {
@@ -111,9 +126,7 @@ impl EmailJob {
                 max: MAX_JOB_BYTES,
             });
         }
-        let de = &mut serde_json::Deserializer::from_slice(body);
-        let job: EmailJob = serde_path_to_error::deserialize(de).map_err(malformed)?;
-        job.validate()
+        deserialize_job(body).map_err(malformed)?.validate()
     }
 
     /// Decodes and validates a job already parsed as JSON (the HTTP API's body).

@@ -183,3 +183,55 @@ fn a_domain_whose_ascii_form_is_too_long_for_dns_is_refused_at_the_door() {
     let long = job(with("to", serde_json::json!([format!("ada@{label}.de")])));
     assert_eq!(field_of(long.unwrap_err()), "to[0]");
 }
+
+/// What the path-tracking deserializer alone makes of `body`: the reference the untracked
+/// first pass of [`deserialize_job`] must agree with.
+fn tracked(body: &[u8]) -> Result<EmailJob, String> {
+    serde_path_to_error::deserialize(&mut serde_json::Deserializer::from_slice(body)).map_err(
+        |e: serde_path_to_error::Error<serde_json::Error>| format!("{}: {}", e.path(), e.inner()),
+    )
+}
+
+fn untracked_first(body: &[u8]) -> Result<EmailJob, String> {
+    deserialize_job(body).map_err(|e| format!("{}: {}", e.path(), e.inner()))
+}
+
+#[test]
+fn parsing_untracked_first_accepts_and_refuses_what_the_tracked_parse_does() {
+    let good = base().to_string();
+    let bodies = [
+        good.clone(),
+        format!("{good} trailing bytes"),
+        format!("  {good}"),
+        with("to", serde_json::json!([1])).to_string(),
+        with("data", serde_json::json!({"a": {"b": [1, {"c": null}]}})).to_string(),
+        with("created_at", serde_json::json!("yesterday")).to_string(),
+        with("headers", serde_json::json!({"X-A": 1})).to_string(),
+        with("surprise", serde_json::json!(true)).to_string(),
+        r#"{"job_id": "j", "kind": "k"}"#.to_string(),
+        "not json".to_string(),
+        String::new(),
+        "[]".to_string(),
+    ];
+    for body in bodies {
+        assert_eq!(
+            untracked_first(body.as_bytes()),
+            tracked(body.as_bytes()),
+            "{body}"
+        );
+    }
+}
+
+proptest! {
+    /// Every prefix of a job, and every single byte changed in it, reads the same both ways.
+    #[test]
+    fn parsing_untracked_first_agrees_on_cut_and_changed_jobs(at in 0usize..400, byte in any::<u8>()) {
+        let good = base().to_string().into_bytes();
+        let at = at % good.len();
+        let cut = &good[..at];
+        prop_assert_eq!(untracked_first(cut), tracked(cut));
+        let mut changed = good.clone();
+        changed[at] = byte;
+        prop_assert_eq!(untracked_first(&changed), tracked(&changed));
+    }
+}
