@@ -335,6 +335,10 @@ impl Worker {
             writes = ledger.writes.load(std::sync::atomic::Ordering::Relaxed),
             "ledger groups of this process written"
         );
+        tracing::info!(
+            steps = %self.stats.steps.means(self.stats.mean_send()),
+            "mean time of a delivery's steps around its send in this process"
+        );
         session.link.publisher.close("worker shutting down").await;
         close(&session.conn, &session.channel).await;
     }

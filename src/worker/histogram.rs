@@ -15,6 +15,14 @@ pub const END_TO_END_BUCKETS: &[f64] = &[
     0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0,
 ];
 
+/// The steps of a delivery around its send: a commit of the claim ledger (its group's, on a
+/// loaded worker), a wait in line or for a connection. Sub-millisecond when idle; a claimed
+/// delivery waits at most its lease (3 minutes by default).
+pub const STEP_BUCKETS: &[f64] = &[
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+    60.0, 180.0,
+];
+
 /// A histogram with fixed upper bounds (seconds), lock-free to observe.
 #[derive(Debug)]
 pub struct Histogram {
@@ -68,6 +76,15 @@ impl Histogram {
     pub fn sum_seconds(&self) -> f64 {
         self.sum_micros.load(Ordering::Relaxed) as f64 / 1e6
     }
+
+    /// The mean observation; zero before the first.
+    pub fn mean(&self) -> Duration {
+        let count = self.count();
+        if count == 0 {
+            return Duration::ZERO;
+        }
+        Duration::from_micros(self.sum_micros.load(Ordering::Relaxed) / count)
+    }
 }
 
 #[cfg(test)]
@@ -83,5 +100,7 @@ mod tests {
         assert_eq!(h.cumulative(), vec![(0.1, 1), (1.0, 2)]);
         assert_eq!(h.count(), 3);
         assert_eq!(h.sum_seconds(), 5.55);
+        assert_eq!(h.mean(), Duration::from_millis(1850));
+        assert_eq!(Histogram::new(&[1.0]).mean(), Duration::ZERO);
     }
 }

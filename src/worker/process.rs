@@ -258,7 +258,10 @@ impl Worker {
     /// Claims the job in the ledger; `Err` is the outcome when the database refused the data or
     /// failed (after giving back a claim that may have committed all the same).
     async fn claim(&self, request: &ClaimRequest<'_>) -> Result<Claim, Outcome> {
-        match self.ledger.claim(request).await {
+        let asked = Instant::now();
+        let claimed = self.ledger.claim(request).await;
+        self.stats.steps.claim.observe(asked.elapsed());
+        match claimed {
             Ok(claim) => Ok(claim),
             Err(e) if is_data_error(&e) => {
                 let reason = format!("the database refuses this job's data: {e}");
@@ -434,9 +437,21 @@ impl Worker {
     /// Records a failure once; if the database is down the row keeps its lease, which expires
     /// and lets the next claim take over, so nothing is lost by not insisting.
     async fn record_once(&self, record: &Record<'_>) {
-        if let Err(e) = self.ledger.record(record, None).await {
+        if let Err(e) = self.record(record, None).await {
             tracing::warn!(error = %e, status = %record.status, "cannot record the result");
         }
+    }
+
+    /// Records a result through the ledger, timing the step until it is committed.
+    pub(super) async fn record(
+        &self,
+        record: &Record<'_>,
+        revision: Option<&str>,
+    ) -> Result<bool, crate::db::group::LedgerError> {
+        let asked = Instant::now();
+        let recorded = self.ledger.record(record, revision).await;
+        self.stats.steps.record.observe(asked.elapsed());
+        recorded
     }
 
     /// The delay before attempt `attempt + 1`: exponential from the first retry tier.

@@ -207,10 +207,12 @@ impl Worker {
             .with_max_delay(Duration::from_secs(5))
             .with_total_delay(Some(deadline.remaining().max(RECORD_BUDGET)))
             .without_max_times();
+        let asked = Instant::now();
         let result = (|| self.ledger.record(&record, Some(revision)))
             .retry(policy)
             .notify(|e, wait| tracing::warn!(error = %e, retry_in = ?wait, "cannot record sent; retrying"))
             .await;
+        self.stats.steps.record.observe(asked.elapsed());
         match result {
             Ok(true) => {
                 failpoint::hit_job("worker.after_record", &job.job.job_id).await;

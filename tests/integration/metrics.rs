@@ -84,6 +84,9 @@ async fn metrics_count_jobs_as_they_are_sent_retried_and_dead_lettered() {
         // m-1: claim, record `failed`, claim, record `sent`; each in some group commit.
         ("mailroom_ledger_writes_total", 4.0),
         ("mailroom_ledger_groups_total", 1.0),
+        // m-1 twice (a copy handed back twice would wait and claim a third time).
+        ("mailroom_delivery_step_seconds_count{step=\"place\"}", 2.0),
+        ("mailroom_delivery_step_seconds_count{step=\"claim\"}", 2.0),
     ];
     for (series, low) in at_least {
         let value = sample(&text, series).unwrap_or_else(|| panic!("{series} in\n{text}"));
@@ -105,6 +108,12 @@ async fn metrics_count_jobs_as_they_are_sent_retried_and_dead_lettered() {
             2.0,
         ),
         ("mailroom_end_to_end_seconds_count", 1.0),
+        // Only m-1's two claims reach a connection, and record `failed`, then `sent`.
+        (
+            "mailroom_delivery_step_seconds_count{step=\"connection\"}",
+            2.0,
+        ),
+        ("mailroom_delivery_step_seconds_count{step=\"record\"}", 2.0),
         ("mailroom_relay_published_total", 1.0),
         ("mailroom_relay_refused_total", 0.0),
         ("mailroom_relay_lag_seconds", 0.0),
@@ -114,6 +123,19 @@ async fn metrics_count_jobs_as_they_are_sent_retried_and_dead_lettered() {
         assert_eq!(sample(&text, series), Some(value), "{series} in\n{text}");
     }
     assert!(!text.contains("made-up-kind"), "{text}");
+    // A claim and a record are commits: they take time, and each fits its bucket.
+    for step in ["claim", "record"] {
+        let sum = sample(
+            &text,
+            &format!("mailroom_delivery_step_seconds_sum{{step=\"{step}\"}}"),
+        );
+        assert!(sum.is_some_and(|s| s > 0.0), "{step}: {sum:?} in\n{text}");
+        let within = sample(
+            &text,
+            &format!("mailroom_delivery_step_seconds_bucket{{step=\"{step}\",le=\"180\"}}"),
+        );
+        assert_eq!(within, Some(2.0), "{step} in\n{text}");
+    }
     // The broker's counts: nothing waits, the worker consumes, two dead letters.
     assert_eq!(
         sample(&text, "mailroom_queue_messages{queue=\"work\"}"),

@@ -194,7 +194,11 @@ fn cost_line_into(
 
 /// [`cost_line`] of a worker-only run, with its WAL.
 pub fn backlog_cost(w: &crate::workers::BacklogRun) -> String {
-    cost_line(&w.cpu, w.sent as f64, "worker", Some(w.wal_bytes_per_email))
+    let cost = cost_line(&w.cpu, w.sent as f64, "worker", Some(w.wal_bytes_per_email));
+    match &w.steps {
+        Some(steps) => format!("{cost}\nsteps around the send (first process, means): {steps}"),
+        None => cost,
+    }
 }
 
 /// [`cost_line`] of an end-to-end run (relay + worker), with its WAL.
@@ -350,6 +354,12 @@ pub fn table(r: &Results) -> String {
             thousands(w.emails_per_s),
             ratio(w.emails_per_s, limit)
         );
+        if let Some(steps) = &w.steps {
+            let _ = writeln!(
+                t,
+                "| {name}: a delivery's steps around its send, means in the first process (`mailroom_delivery_step_seconds`) | {steps} | | |"
+            );
+        }
         if w.workers == 1 {
             let _ = writeln!(
                 t,

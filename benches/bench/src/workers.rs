@@ -55,6 +55,9 @@ pub struct BacklogRun {
     /// CPU shares per 1 s sample.
     pub cpu_timeline: Vec<CpuShare>,
     pub pg_clock_offset_ms: f64,
+    /// The first worker's mean time per step around the send, from the line it logs when it
+    /// stops (`place=… claim=… connection=… record=…`); `None` if it logged none.
+    pub steps: Option<String>,
 }
 
 /// Worker at an offered rate: jobs published on a fixed schedule while the worker runs.
@@ -384,7 +387,27 @@ async fn backlog_in(
         timeline,
         cpu_timeline,
         pg_clock_offset_ms: offset.num_microseconds().unwrap_or(0) as f64 / 1000.0,
+        steps: logged_steps(&logs.join(format!("{}-worker1.log", world.label))),
     })
+}
+
+/// The mean time per step a worker logged when it stopped: the text after `steps=` on its
+/// "mean time of a delivery's steps" line.
+fn logged_steps(log: &Path) -> Option<String> {
+    let text = std::fs::read_to_string(log).ok()?;
+    let line = text
+        .lines()
+        .rev()
+        .find(|l| l.contains("mean time of a delivery's steps"))?;
+    let (_, steps) = line.split_once("steps=")?;
+    Some(
+        steps
+            .trim()
+            .replace('=', " ")
+            .replace("ms", " ms,")
+            .trim_end_matches(',')
+            .to_string(),
+    )
 }
 
 /// One worker process; `n` jobs offered at `rate`/s after a warm-up.

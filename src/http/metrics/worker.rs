@@ -236,13 +236,21 @@ fn ledger(out: &mut String, w: &Stats) {
     }
 }
 
-/// SMTP durations by kind, and the end-to-end latency.
+/// SMTP durations by kind, a delivery's steps around the send, and the end-to-end latency.
 fn latencies(out: &mut String, w: &Stats) {
     let name = "mailroom_smtp_duration_seconds";
     let help = "Duration of one SMTP send, whatever its result, by kind.";
     header(out, name, "histogram", help);
     for (kind, s) in w.kinds() {
         histogram_samples(out, name, &[("kind", &kind)], &s.smtp_latency);
+    }
+    let name = "mailroom_delivery_step_seconds";
+    let help = "Time of a delivery's steps around its send: waiting for a place in line for an \
+                SMTP session (place), its claim until committed (claim), claimed, waiting for a \
+                connection (connection), its result until committed (record).";
+    header(out, name, "histogram", help);
+    for (step, h) in w.steps.named() {
+        histogram_samples(out, name, &[("step", step)], h);
     }
     let name = "mailroom_end_to_end_seconds";
     let help = "From the job's created_at (outbox commit) to SMTP accepted.";
