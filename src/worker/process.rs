@@ -437,13 +437,13 @@ impl Worker {
     /// Records a failure once; if the database is down the row keeps its lease, which expires
     /// and lets the next claim take over, so nothing is lost by not insisting.
     async fn record_once(&self, record: &Record<'_>) {
-        if let Err(e) = self.record(record, None).await {
+        if let Err(e) = self.write_record(record, None).await {
             tracing::warn!(error = %e, status = %record.status, "cannot record the result");
         }
     }
 
     /// Records a result through the ledger, timing the step until it is committed.
-    pub(super) async fn record(
+    pub(super) async fn write_record(
         &self,
         record: &Record<'_>,
         revision: Option<&str>,

@@ -108,7 +108,7 @@ impl Worker {
             error: Some(reason),
             class: Some(SUPPRESSED),
         };
-        self.record(&record, None).await.map(|_| ())
+        self.write_record(&record, None).await.map(|_| ())
     }
 
     /// After a permanent refusal: suppresses the address of a one-recipient job when the reply
