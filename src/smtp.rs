@@ -11,6 +11,7 @@
 mod body;
 pub mod dkim;
 mod endpoint;
+pub mod line;
 mod pool;
 mod session;
 #[cfg(test)]
@@ -149,6 +150,8 @@ pub struct MailerSettings {
     /// connection before it claims). At most `max_connections` (a longer queue would wait
     /// longer than one send).
     pub reserved_ahead: u32,
+    /// Places deeper in line, taken only while sends are fast ([`line`]).
+    pub deeper: Option<line::Deeper>,
     /// Sign every message with this DKIM key.
     pub dkim: Option<dkim::DkimSettings>,
 }
@@ -161,9 +164,15 @@ pub struct MailerSettings {
 pub struct Reservation<'a> {
     place: SemaphorePermit<'a>,
     connections: &'a Semaphore,
+    deeper: bool,
 }
 
 impl<'a> Reservation<'a> {
+    /// Whether this is one of the deeper places, taken while sends were fast ([`line`]).
+    pub fn is_deeper(&self) -> bool {
+        self.deeper
+    }
+
     /// Waits for a free connection, at most `within`; `None` if none came free in time (the
     /// reservation is then given up) or the mailer is closed.
     pub async fn session(self, within: Duration) -> Option<Session<'a>> {
@@ -202,6 +211,7 @@ pub struct Mailer {
     timeout: Duration,
     permits: Semaphore,
     reservations: Semaphore,
+    deeper: Option<line::DeeperLine>,
     dkim: Option<Arc<dkim::Dkim>>,
 }
 
@@ -241,6 +251,10 @@ impl Mailer {
             reservations: Semaphore::new(
                 (s.max_connections + s.reserved_ahead.min(s.max_connections)) as usize,
             ),
+            // The line deepens after a connection's worth of fast sends, twice over.
+            deeper: s
+                .deeper
+                .map(|d| line::DeeperLine::new(d, 2 * s.max_connections)),
         })
     }
 
@@ -272,10 +286,14 @@ impl Mailer {
     /// Waits for a place in the line for an SMTP session (see [`Reservation`]). `None` once
     /// the mailer is closed.
     pub async fn reserve(&self) -> Option<Reservation<'_>> {
-        let place = self.reservations.acquire().await.ok()?;
+        let (place, deeper) = match &self.deeper {
+            Some(deeper) => deeper.place(&self.reservations).await?,
+            None => (self.reservations.acquire().await.ok()?, false),
+        };
         Some(Reservation {
             place,
             connections: &self.permits,
+            deeper,
         })
     }
 
@@ -316,6 +334,7 @@ impl Mailer {
         _session: &Session<'_>,
         message: &Outgoing,
     ) -> Result<String, SendError> {
+        let _running = self.deeper.as_ref().map(|d| d.depth.start());
         match &self.transport {
             Transport::Smtp(pool) => {
                 let phase = Arc::new(PhaseCell::default());

@@ -48,7 +48,8 @@ pub struct WorkerArgs {
     pub on_uncertain: OnUncertain,
     /// Claim lease: how long a claimed job is exclusive. At least --smtp-timeout plus 2s (to
     /// claim, record the result and keep a margin); checked at startup. With twice
-    /// --smtp-timeout plus 2s or more, deliveries claim while every SMTP connection is busy.
+    /// --smtp-timeout plus 2s or more, deliveries claim while every SMTP connection is busy;
+    /// while sends are fast, further back in line too (docs/GUARANTEES.md).
     #[arg(long, env = "MAILROOM_LEASE", default_value = "3m", value_parser = config::parse_duration)]
     pub lease: Duration,
     /// Deadline of one whole SMTP send (connect to final reply); far below RabbitMQ's 30-minute

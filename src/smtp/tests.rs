@@ -230,6 +230,7 @@ fn settings(max_connections: u32) -> MailerSettings {
         timeout: Duration::from_secs(1),
         max_connections,
         reserved_ahead: 0,
+        deeper: None,
         dkim: None,
     }
 }
@@ -326,6 +327,72 @@ async fn a_line_of_reservations_ahead_waits_for_the_cap_and_gives_up_at_its_budg
     let next = m.reserve().await.unwrap();
     drop(sending);
     assert!(next.session(Duration::from_millis(200)).await.is_some());
+}
+
+/// `f`, unless it is still waiting after 50 ms.
+async fn within<F: std::future::Future>(f: F) -> Result<F::Output, tokio::time::error::Elapsed> {
+    tokio::time::timeout(Duration::from_millis(50), f).await
+}
+
+#[tokio::test]
+async fn deeper_places_are_taken_only_while_sends_are_fast() {
+    let s = server(Script::default()).await;
+    let fast = Duration::from_secs(2);
+    let m = Mailer::new(&MailerSettings {
+        url: format!("smtp://127.0.0.1:{}", s.port).parse().unwrap(),
+        timeout: Duration::from_secs(5),
+        reserved_ahead: 1,
+        deeper: Some(line::Deeper { places: 2, fast }),
+        ..settings(1)
+    })
+    .unwrap();
+    // Shallow until sends were seen: the connection and one place ahead of it.
+    let (a, b) = (m.reserve().await.unwrap(), m.reserve().await.unwrap());
+    assert!(!a.is_deeper() && !b.is_deeper());
+    assert!(
+        within(m.reserve()).await.is_err(),
+        "a third place while shallow"
+    );
+    drop((a, b));
+    // Two fast sends (twice the one connection) deepen it by its two places, no more.
+    for _ in 0..2 {
+        m.send(&message()).await.unwrap();
+    }
+    let line: Vec<_> = futures_util::future::join_all((0..4).map(|_| m.reserve())).await;
+    let deeper = line.iter().flatten().filter(|r| r.is_deeper()).count();
+    assert_eq!((line.iter().flatten().count(), deeper), (4, 2));
+    let mut fifth = std::pin::pin!(m.reserve());
+    assert!(
+        within(&mut fifth).await.is_err(),
+        "a fifth place in a line of four"
+    );
+    // A send running past `fast` makes the line shallow at once: a deeper place that comes
+    // free is not taken, the wait goes on for the line proper.
+    tokio::time::pause();
+    let depth = &m.deeper.as_ref().unwrap().depth;
+    let stuck = depth.start();
+    tokio::time::advance(fast + Duration::from_millis(1)).await;
+    let (proper, mut deeper): (Vec<_>, Vec<_>) =
+        line.into_iter().flatten().partition(|r| !r.is_deeper());
+    let still_deeper = deeper.pop().unwrap();
+    drop(deeper);
+    assert!(
+        within(&mut fifth).await.is_err(),
+        "a deeper place taken while a send is long"
+    );
+    // Nor is a place of the line proper used while a deeper one is held: the claim made
+    // there would wait behind it, further back than the line proper allows.
+    drop(proper);
+    assert!(
+        within(&mut fifth).await.is_err(),
+        "a place taken behind a deeper one"
+    );
+    drop(still_deeper);
+    let fifth = within(&mut fifth).await.unwrap().unwrap();
+    assert!(!fifth.is_deeper());
+    // That send ended slow: shallow until two fast sends in a row again.
+    drop(stuck);
+    assert!(!depth.is_deep());
 }
 
 #[tokio::test]
@@ -775,6 +842,7 @@ async fn implicit_tls_to_a_plaintext_server_is_an_unreachable_server() {
         timeout: Duration::from_secs(2),
         max_connections: 1,
         reserved_ahead: 0,
+        deeper: None,
         dkim: None,
     })
     .unwrap();

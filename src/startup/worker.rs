@@ -160,6 +160,12 @@ fn mailer_settings(config: &WorkerConfig) -> MailerSettings {
             config.smtp_timeout,
             config.smtp_connections.max(1),
         ),
+        deeper: crate::worker::lease::deeper_line(
+            config.lease,
+            config.smtp_timeout,
+            config.smtp_connections.max(1),
+            config.concurrency.max(1),
+        ),
         dkim: config.dkim.as_ref().map(|d| DkimSettings {
             key: d.key.clone(),
             selector: d.selector.clone(),

@@ -20,6 +20,8 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use crate::smtp::line::Deeper;
+
 /// Kept free at the end of every lease: scheduling delays between the fence and the first byte
 /// on the wire, and clock rate differences between this host and the database's.
 pub const LEASE_SAFETY: Duration = Duration::from_millis(500);
@@ -68,6 +70,30 @@ pub fn reserved_ahead(lease: Duration, smtp_timeout: Duration, connections: u32)
     } else {
         0
     }
+}
+
+/// The deeper line of a worker with `concurrency` deliveries: up to two connections' worth of
+/// places beyond the line proper, as many as the deliveries can fill, and sends count as fast
+/// while a claim at the back of the line, behind that many sends, waits at most half of what
+/// its lease leaves for waiting (the lease beyond [`minimum_lease`]). `None` when no place is
+/// left or the lease leaves no time to wait.
+pub fn deeper_line(
+    lease: Duration,
+    smtp_timeout: Duration,
+    connections: u32,
+    concurrency: usize,
+) -> Option<Deeper> {
+    let connections = connections.max(1);
+    let proper = connections + reserved_ahead(lease, smtp_timeout, connections);
+    let free = u32::try_from(concurrency)
+        .unwrap_or(u32::MAX)
+        .saturating_sub(proper);
+    let places = free.min(2 * connections);
+    // Sends ahead of the last claim, in rounds of `connections` sends at once.
+    let rounds = (proper - connections + places).div_ceil(connections);
+    let waiting = lease.saturating_sub(minimum_lease(smtp_timeout));
+    let fast = waiting / (2 * rounds.max(1));
+    (places > 0 && !fast.is_zero()).then_some(Deeper { places, fast })
 }
 
 /// The shortest lease that covers a whole send: the claim, the send, the record, the margin.
@@ -143,6 +169,24 @@ mod tests {
         let (lease, timeout) = (Duration::from_secs(180), Duration::from_secs(60));
         assert_eq!(reserved_ahead(lease, timeout, 16), 16);
         assert_eq!(reserved_ahead(Duration::from_secs(120), timeout, 16), 0);
+    }
+
+    #[test]
+    fn the_deeper_line_fills_the_deliveries_and_counts_sends_fast_within_half_the_wait() {
+        let (lease, timeout) = (Duration::from_secs(180), Duration::from_secs(60));
+        // The defaults: 16 connections, 16 ahead, 32 deeper places for 64 deliveries; a claim
+        // at the back waits for 3 rounds of sends within half of 118 s.
+        let deeper = deeper_line(lease, timeout, 16, 64).unwrap();
+        assert_eq!(deeper.places, 32);
+        assert_eq!(deeper.fast, Duration::from_secs(118) / 6);
+        // No more places than the deliveries can take, none when they are all in line already.
+        assert_eq!(deeper_line(lease, timeout, 16, 40).unwrap().places, 8);
+        assert_eq!(deeper_line(lease, timeout, 16, 32), None);
+        // Without the line ahead (a lease of 65 s leaves 3 s to wait): 2 rounds within 1.5 s.
+        let short = deeper_line(Duration::from_secs(65), timeout, 16, 64).unwrap();
+        assert_eq!((short.places, short.fast), (32, Duration::from_millis(750)));
+        // The tightest lease leaves no time to wait in line.
+        assert_eq!(deeper_line(Duration::from_secs(62), timeout, 16, 64), None);
     }
 
     #[test]

@@ -109,6 +109,9 @@ impl Worker {
             return Err(self.retry(Duration::ZERO, "the mailer is closed".into()));
         };
         self.stats.observe_session_wait(waiting.elapsed());
+        if reservation.is_deeper() {
+            Stats::bump(&self.stats.deeper_places);
+        }
         // The sending limits: a short wait for the slot, or held back (still unclaimed).
         let pass = self.pace(&job).await?;
         let message_id = self.mailer.message_id(&job.job.job_id, &job.job.kind);

@@ -63,6 +63,9 @@ pub struct Stats {
     pub unsettled: AtomicU64,
     /// Claims given back unused because their lease could not cover a whole send.
     pub given_back: AtomicU64,
+    /// Places in line for an SMTP session taken deeper than the line proper, while sends were
+    /// fast (`smtp::line`).
+    pub deeper_places: AtomicU64,
     /// Sends that may have reached the server without `sent` being recorded by this claim: a
     /// reply lost after the final dot (W2), a `sent` that could not be committed (W1), or an
     /// accepted send whose claim had been taken over. Each can explain one duplicate.
@@ -170,6 +173,7 @@ impl Default for Stats {
             dead_lettered: AtomicU64::new(0),
             unsettled: AtomicU64::new(0),
             given_back: AtomicU64::new(0),
+            deeper_places: AtomicU64::new(0),
             open_windows: AtomicU64::new(0),
             ledger_deleted: AtomicU64::new(0),
             longest_session_wait_us: AtomicU64::new(0),

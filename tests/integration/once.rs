@@ -87,6 +87,75 @@ async fn claims_in_line_ahead_of_a_slow_pool_wait_within_their_lease_and_send_ea
 }
 
 #[tokio::test]
+async fn a_fast_server_turning_slow_gives_back_at_most_the_deeper_places_and_sends_each_job_once() {
+    // Two connections, 8 deliveries, a 2 s send under a 7 s lease: the line proper is 4
+    // places, and 4 deeper places open while sends end within 3 s / 6 (worker::lease::
+    // deeper_line). Then every send takes 1.3 s: the claims made at the back of the deeper
+    // line wait three rounds of sends (3.9 s) for a connection, more than the 3.5 s their lease
+    // leaves, and are given back. The line must go shallow at once: a line that stayed deep
+    // would give back two claims every few seconds for as long as the backlog lasts.
+    let files = tempfile::tempdir().unwrap();
+    let stall = files.path().join("stall");
+    let app = TestApp::spawn_with(&["--stall-file", stall.to_str().unwrap()]).await;
+    let worker = app.start_worker(&[
+        "--concurrency",
+        "8",
+        "--prefetch",
+        "16",
+        "--smtp-connections",
+        "2",
+        "--smtp-timeout",
+        "2s",
+        "--lease",
+        "7s",
+    ]);
+    let mut ids = Vec::new();
+    // Fast sends first, in bursts larger than the line proper, until a burst took deeper places.
+    for burst in 0..20 {
+        let batch: Vec<String> = (0..12).map(|i| format!("fast-{burst}-{i}")).collect();
+        for id in &batch {
+            app.publish(&app.job(id)).await;
+        }
+        ids.extend(batch);
+        let n = ids.len() as u64;
+        worker.stats.wait_until(|s| s.sent >= n).await;
+        if worker.stats.deeper_places.load(Ordering::Relaxed) > 0 {
+            break;
+        }
+    }
+    let deepened = worker.stats.deeper_places.load(Ordering::Relaxed);
+    assert!(
+        deepened > 0,
+        "the line never deepened while sends were fast"
+    );
+    assert_eq!(worker.stats.given_back.load(Ordering::Relaxed), 0);
+    // The server turns slow, within the send timeout, with the line deep.
+    std::fs::write(files.path().join("stall.new"), "1.3").unwrap();
+    std::fs::rename(files.path().join("stall.new"), &stall).unwrap();
+    let slow: Vec<String> = (0..24).map(|i| format!("slow-{i}")).collect();
+    for id in &slow {
+        app.publish(&app.job(id)).await;
+    }
+    ids.extend(slow);
+    let n = ids.len() as u64;
+    worker.stats.wait_until(|s| s.sent >= n).await;
+    let given_back = worker.stats.given_back.load(Ordering::Relaxed);
+    worker.stop().await;
+    for id in &ids {
+        assert_eq!(app.smtp.count(&app.message_id(id, "welcome")), 1, "{id}");
+    }
+    assert_eq!(app.smtp.received().len(), ids.len());
+    assert!(
+        given_back >= 1,
+        "the fault did not land: no claim made deep in line waited past its lease"
+    );
+    assert!(
+        given_back <= 4,
+        "{given_back} claims given back, more than the 4 deeper places: the line stayed deep"
+    );
+}
+
+#[tokio::test]
 async fn a_claim_too_late_for_a_whole_send_is_given_back_uncounted_and_sent_once() {
     // The first delivery stalls 2 s right after its claim: of its 5 s lease, 2.5 s remain
     // before the deadline (lease minus margin), less than a 2 s send plus its 1 s record.

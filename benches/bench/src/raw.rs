@@ -422,6 +422,7 @@ pub async fn bench_mailer(
         timeout: Duration::from_secs(60),
         max_connections: WORKER_SMTP_CONNECTIONS,
         reserved_ahead: 0,
+        deeper: None,
         dkim: None,
     })?;
     let message = mailer.build(&job, &rendered).await?;

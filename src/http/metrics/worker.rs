@@ -169,6 +169,12 @@ fn unsettled(out: &mut String, w: &Stats) {
     );
     counter(
         out,
+        "mailroom_deeper_places_total",
+        "Places in line for an SMTP session taken deeper than the line proper, while sends were fast; a slow-down gives back at most one claim per deeper place.",
+        w.deeper_places.load(Ordering::Relaxed),
+    );
+    counter(
+        out,
         "mailroom_open_windows_total",
         "Sends that may have reached the SMTP server without sent being recorded (a lost reply after the final dot, a record that failed, a claim taken over): each may explain one duplicate.",
         w.open_windows.load(Ordering::Relaxed),
