@@ -192,13 +192,20 @@ fn cost_line_into(
     )
 }
 
-/// [`cost_line`] of a worker-only run, with its WAL.
+/// [`cost_line`] of a worker-only run, with its WAL, and the means of the steps around the send
+/// on a second line (`--only backlog` prints both).
 pub fn backlog_cost(w: &crate::workers::BacklogRun) -> String {
-    let cost = cost_line(&w.cpu, w.sent as f64, "worker", Some(w.wal_bytes_per_email));
+    let cost = backlog_cpu_cost(w);
     match &w.steps {
         Some(steps) => format!("{cost}\nsteps around the send (first process, means): {steps}"),
         None => cost,
     }
+}
+
+/// [`cost_line`] of a worker-only run, with its WAL: one line, for the table (whose steps have
+/// their own row).
+fn backlog_cpu_cost(w: &crate::workers::BacklogRun) -> String {
+    cost_line(&w.cpu, w.sent as f64, "worker", Some(w.wal_bytes_per_email))
 }
 
 /// [`cost_line`] of an end-to-end run (relay + worker), with its WAL.
@@ -394,7 +401,7 @@ pub fn table(r: &Results) -> String {
         let _ = writeln!(
             t,
             "| {name}: CPU per email by process | {} | | |",
-            backlog_cost(w)
+            backlog_cpu_cost(w)
         );
     }
     let floor = path_floor_ms(r);
