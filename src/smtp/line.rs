@@ -14,8 +14,9 @@
 //! line, behind sends that each take at most `fast`, still has its connection in half the time
 //! its lease leaves for waiting. When the server slows down suddenly, the claims already made in
 //! the deeper places may wait longer: the fence in `worker::lease` then gives them back
-//! unused, so a slow-down costs at most one give-back per deeper place, and no new claim is
-//! made in them until the sends are fast again.
+//! unused. While the line is shallow no claim is made in a deeper place, nor behind one (a
+//! place of the line proper waits until the deeper places are empty), so a slow-down costs at
+//! most one give-back per deeper place.
 
 use std::sync::Mutex;
 use std::time::Duration;
@@ -138,7 +139,7 @@ impl Depth {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
-        // The state is two counters: a panic elsewhere cannot leave it half written.
+        // Nothing in this module panics while holding the lock: a poisoned state is whole.
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
