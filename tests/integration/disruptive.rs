@@ -135,8 +135,14 @@ async fn disruptive_database_crashed_under_load_loses_nothing_and_sends_each_onc
     let app = TestApp::spawn().await;
     let total = 1500;
     enqueue_bulk(&app, "db-crash", total).await;
-    let worker = app.start_worker(&["--concurrency", "32", "--prefetch", "64"]);
+    // The relay first, so that the worker has a queue to work through when the database dies:
+    // a worker that had caught up with the relay would have no claim in flight to break.
     let relay = app.start_relay(&["--relay-batch", "100"]);
+    eventually("most of the outbox published", || async {
+        (relay.published() >= 1000).then_some(())
+    })
+    .await;
+    let worker = app.start_worker(&["--concurrency", "32", "--prefetch", "64"]);
     eventually("sending under way", || async {
         (worker.stats.snapshot().sent >= 200).then_some(())
     })
