@@ -86,6 +86,22 @@ async fn claims_in_line_ahead_of_a_slow_pool_wait_within_their_lease_and_send_ea
     );
 }
 
+/// Publishes a job for each of `batch`, adds them to `ids`, and waits until every job of `ids`
+/// was sent.
+async fn send_all(
+    app: &TestApp,
+    worker: &RunningWorker,
+    ids: &mut Vec<String>,
+    batch: impl Iterator<Item = String>,
+) {
+    for id in batch {
+        app.publish(&app.job(&id)).await;
+        ids.push(id);
+    }
+    let n = ids.len() as u64;
+    worker.stats.wait_until(|s| s.sent >= n).await;
+}
+
 #[tokio::test]
 async fn a_fast_server_turning_slow_gives_back_at_most_the_deeper_places_and_sends_each_job_once() {
     // Two connections, 8 deliveries, a 2 s send under a 7 s lease: the line proper is 4
@@ -112,13 +128,8 @@ async fn a_fast_server_turning_slow_gives_back_at_most_the_deeper_places_and_sen
     let mut ids = Vec::new();
     // Fast sends first, in bursts larger than the line proper, until a burst took deeper places.
     for burst in 0..20 {
-        let batch: Vec<String> = (0..12).map(|i| format!("fast-{burst}-{i}")).collect();
-        for id in &batch {
-            app.publish(&app.job(id)).await;
-        }
-        ids.extend(batch);
-        let n = ids.len() as u64;
-        worker.stats.wait_until(|s| s.sent >= n).await;
+        let batch = (0..12).map(|i| format!("fast-{burst}-{i}"));
+        send_all(&app, &worker, &mut ids, batch).await;
         if worker.stats.deeper_places.load(Ordering::Relaxed) > 0 {
             break;
         }
@@ -132,13 +143,13 @@ async fn a_fast_server_turning_slow_gives_back_at_most_the_deeper_places_and_sen
     // The server turns slow, within the send timeout, with the line deep.
     std::fs::write(files.path().join("stall.new"), "1.3").unwrap();
     std::fs::rename(files.path().join("stall.new"), &stall).unwrap();
-    let slow: Vec<String> = (0..24).map(|i| format!("slow-{i}")).collect();
-    for id in &slow {
-        app.publish(&app.job(id)).await;
-    }
-    ids.extend(slow);
-    let n = ids.len() as u64;
-    worker.stats.wait_until(|s| s.sent >= n).await;
+    send_all(
+        &app,
+        &worker,
+        &mut ids,
+        (0..24).map(|i| format!("slow-{i}")),
+    )
+    .await;
     let given_back = worker.stats.given_back.load(Ordering::Relaxed);
     worker.stop().await;
     for id in &ids {
