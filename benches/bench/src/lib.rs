@@ -170,6 +170,8 @@ pub struct Results {
     pub raw_smtp: raw::RawSmtp,
     pub worker_runs: Vec<workers::BacklogRun>,
     pub paced_runs: Vec<workers::PacedRun>,
+    /// One worker, one job at a time ([`workers::one_at_a_time`]).
+    pub one_at_a_time: workers::PacedRun,
     pub relay: relay::RelayFigures,
 }
 
@@ -241,6 +243,21 @@ async fn recorder_run(
     Ok(run)
 }
 
+/// One worker process, one job at a time into smtp-sink: the floor a worker's groups and
+/// waits must not raise.
+async fn one_at_a_time_run(
+    services: &Services,
+    sink: &SmtpSink,
+    opts: &Opts,
+    logs: &std::path::Path,
+) -> anyhow::Result<workers::PacedRun> {
+    step(&format!(
+        "worker, one job at a time ({} jobs, each published once the last is recorded)",
+        opts.floor_n
+    ));
+    workers::one_at_a_time(services, sink, opts.floor_n, logs).await
+}
+
 fn step(what: &str) {
     eprintln!("bench: {what}");
 }
@@ -266,6 +283,7 @@ async fn run(opts: Opts) -> anyhow::Result<()> {
         ));
     }
     let services = Services::from_env();
+    let sink = SmtpSink::start().await?;
     if opts.only == Some(Only::Recorder) {
         let run = recorder_run(&services, &opts, &logs).await?;
         println!(
@@ -276,9 +294,10 @@ async fn run(opts: Opts) -> anyhow::Result<()> {
             run.split.line(),
             report::paced_cost(&run)
         );
+        let floor = one_at_a_time_run(&services, &sink, &opts, &logs).await?;
+        println!("{}", report::one_at_a_time_line(&floor));
         return Ok(());
     }
-    let sink = SmtpSink::start().await?;
     if opts.only == Some(Only::Backlog) {
         for &k in &opts.workers {
             let run =
@@ -397,6 +416,7 @@ async fn run(opts: Opts) -> anyhow::Result<()> {
         paced_runs.push(run);
     }
     paced_runs.push(recorder_run(&services, &opts, &logs).await?);
+    let one_at_a_time = one_at_a_time_run(&services, &sink, &opts, &logs).await?;
 
     let commits_n = opts.floor_n * 30;
     step(&format!(
@@ -513,6 +533,7 @@ async fn run(opts: Opts) -> anyhow::Result<()> {
         raw_smtp,
         worker_runs,
         paced_runs,
+        one_at_a_time,
         relay,
     };
     let table = report::table(&results);

@@ -433,6 +433,15 @@ pub fn table(r: &Results) -> String {
             paced_cost(p)
         );
     }
+    let one = &r.one_at_a_time;
+    let _ = writeln!(
+        t,
+        "| {} | {} | claim + send + record, 1 at a time (the raw parts): {} ms | {} |",
+        one_at_a_time_label(one),
+        one.split.after_claim.triple(),
+        ms(inside_floor_ms(r)),
+        lat_ratio(&one.split.after_claim, inside_floor_ms(r))
+    );
     relay_rows(&mut t, r, &limit_text);
     let _ = writeln!(t);
     let _ = writeln!(t, "{}", saturation(r));
@@ -441,6 +450,24 @@ pub fn table(r: &Results) -> String {
         "Latency clocks: claim and accepted+recorded are PostgreSQL `now()` (`created_at`, `sent_at`); publish is the bench's clock, shifted onto PostgreSQL's by the offset measured per run (same host, |offset| < 1 ms). End to end, a job counts from the moment its producer's COMMIT returned."
     );
     t
+}
+
+fn one_at_a_time_label(run: &crate::workers::PacedRun) -> String {
+    format!(
+        "worker, one job at a time ({} jobs, each published once the last is recorded: {:.0}/s): claim → accepted+recorded p50 / p95 / p99{}",
+        run.n,
+        run.offered_rate,
+        incomplete(run.sent, run.n, run.complete)
+    )
+}
+
+/// The one-at-a-time run in one line, for `--only recorder`.
+pub fn one_at_a_time_line(run: &crate::workers::PacedRun) -> String {
+    format!(
+        "{} {}",
+        one_at_a_time_label(run),
+        run.split.after_claim.triple()
+    )
 }
 
 pub fn incomplete(sent: i64, n: usize, complete: bool) -> String {

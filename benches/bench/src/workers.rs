@@ -484,6 +484,83 @@ async fn paced_in(
     result
 }
 
+/// The floor of one worker process: `n` jobs one at a time, each published only once the last
+/// is recorded (the bench polls the ledger every millisecond). Nothing overlaps, so this is
+/// what one job costs in time when it has the worker to itself; its latency is claim →
+/// accepted+recorded (`split.after_claim`). The bench's polls run on PostgreSQL too, so the run
+/// reports no CPU per email.
+pub async fn one_at_a_time(
+    services: &Services,
+    sink: &SmtpSink,
+    n: usize,
+    logs: &Path,
+) -> anyhow::Result<PacedRun> {
+    let world = World::create(services, "one-at-a-time", 2).await?;
+    let result = one_at_a_time_in(&world, sink, n, logs).await;
+    world.cleanup().await;
+    result
+}
+
+async fn one_at_a_time_in(
+    world: &World,
+    sink: &SmtpSink,
+    n: usize,
+    logs: &Path,
+) -> anyhow::Result<PacedRun> {
+    let fleet = Fleet::spawn(world, sink, 1, logs)?;
+    let mut pg = world.pg().await?;
+    let result = async {
+        let producer = |prefix: &str| BrokerProducer {
+            channel: world.publisher.clone(),
+            exchange: world.topology.exchange.clone(),
+            prefix: prefix.into(),
+        };
+        const WARM: usize = 50;
+        workload::backlog(&producer("warm"), WARM, 16).await?;
+        wait_for(&mut pg, "warm", WARM, patience(WARM)).await?;
+        let offset = pg_clock_offset(&mut pg).await?;
+        let jobs = producer("job");
+        let started = Instant::now();
+        let mut published = Vec::with_capacity(n);
+        for i in 0..n {
+            published.push(jobs.submit(i).await?);
+            let deadline = Instant::now() + patience(1);
+            while count_sent(&mut pg, "job").await? <= i as i64 {
+                anyhow::ensure!(Instant::now() < deadline, "job {i} was not recorded");
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+        }
+        let elapsed = started.elapsed().as_secs_f64();
+        let mut latency = Recorder::default();
+        let mut parts = Vec::with_capacity(n);
+        for (job_id, claimed_at, sent_at) in sent_rows(&mut pg, "job").await? {
+            if let Some(i) = workload::index_of(&job_id).filter(|i| *i < published.len()) {
+                let published = published[i] + offset;
+                latency.record_ms(ms_between(published, sent_at));
+                parts.push((
+                    ms_between(published, claimed_at).max(0.0),
+                    ms_between(claimed_at, sent_at).max(0.0),
+                ));
+            }
+        }
+        anyhow::Ok(PacedRun {
+            label: "one job at a time".into(),
+            target_rate: 0.0,
+            offered_rate: n as f64 / elapsed.max(1e-6),
+            n,
+            sent: parts.len() as i64,
+            complete: parts.len() >= n,
+            latency: latency.summary(true),
+            split: Split::of(&parts),
+            cpu: CpuShare::default(),
+            smtp: sink.name,
+        })
+    }
+    .await;
+    fleet.stop().await;
+    result
+}
+
 pub async fn wait_for(
     pg: &mut PgConnection,
     prefix: &str,
