@@ -7,8 +7,10 @@
 //! it never sends on a claim, or acks on a record, that is not durable.
 //!
 //! Nothing waits for a group to fill: the first write goes at once, and whatever arrives while
-//! the groups in flight (two at most) are being written goes in the next one. At low load
-//! groups are single writes; under load they grow by themselves.
+//! the groups in flight (two at most) are being written goes in the next one. Under load groups
+//! grow by themselves. At moderate load, where they would be single writes, a group of only
+//! records waits a few milliseconds for the next claim when arrivals show that one is due and
+//! will come on its own ([`company`]); a claim never waits.
 //!
 //! A group holds each `(job_id, kind)` once (a second write of the same key waits for the next
 //! group), so no statement touches a row twice. If a group fails on a deadlock between two
@@ -20,14 +22,19 @@
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use tokio::sync::{Semaphore, mpsc, oneshot};
+use tokio::time::Instant;
 use uuid::Uuid;
 
 use super::Database;
 use super::rows::{Claim, ClaimRequest, Record};
+
+pub mod company;
+use company::Company;
+pub use company::RECORD_LINGER;
 
 pub use super::rows::{ClaimItem, Group, GroupResult, RecordItem};
 
@@ -53,6 +60,10 @@ pub struct LedgerStats {
     pub writes: AtomicU64,
     /// Groups that failed on a statement and were written one by one.
     pub split: AtomicU64,
+    /// Groups of only records that waited for company ([`company`]).
+    pub waits: AtomicU64,
+    /// Of those, the waits that ended without company (the group went alone).
+    pub waits_alone: AtomicU64,
 }
 
 /// The claim ledger as the worker uses it: claims and records, grouped when `max_group > 1`.
@@ -78,6 +89,10 @@ enum Op {
 }
 
 impl Op {
+    fn is_record(&self) -> bool {
+        matches!(self, Op::Record { .. })
+    }
+
     fn key(&self) -> (&str, &str) {
         match self {
             Op::Claim { item, .. } => (&item.job_id, &item.kind),
@@ -230,10 +245,15 @@ const GROUPS_IN_FLIGHT: usize = 2;
 /// to [`GROUPS_IN_FLIGHT`] groups being written at once.
 async fn write_groups(
     db: Database,
-    mut queue: mpsc::Receiver<Op>,
+    queue: mpsc::Receiver<Op>,
     max: usize,
     stats: Arc<LedgerStats>,
 ) {
+    let mut arrivals = Arrivals {
+        queue,
+        company: Company::default(),
+        unanswered: Arc::new(AtomicUsize::new(0)),
+    };
     // Writes that could not join the last group (same key as a member, another lease).
     let mut waiting: VecDeque<Op> = VecDeque::new();
     let in_flight = Arc::new(Semaphore::new(GROUPS_IN_FLIGHT));
@@ -242,36 +262,86 @@ async fn write_groups(
         let Ok(slot) = in_flight.clone().acquire_owned().await else {
             return;
         };
-        let Some(members) = gather(&mut queue, &mut waiting, max).await else {
+        let Some(members) = gather(&mut arrivals, &mut waiting, max, &stats).await else {
             return;
         };
         let (db, stats) = (db.clone(), stats.clone());
+        let unanswered = arrivals.unanswered.clone();
         tokio::spawn(async move {
+            let records = members.iter().filter(|op| op.is_record()).count();
             write(&db, members, &stats).await;
+            unanswered.fetch_sub(records, Ordering::Relaxed);
             drop(slot);
         });
     }
 }
 
+/// The writes as they arrive, and what their arrival says ([`Company`]).
+struct Arrivals {
+    queue: mpsc::Receiver<Op>,
+    company: Company,
+    /// Records received and not yet answered (waiting, gathered or being written).
+    unanswered: Arc<AtomicUsize>,
+}
+
+impl Arrivals {
+    /// Counts a write that has just arrived.
+    fn note(&mut self, op: Op) -> Op {
+        let unanswered = self.unanswered.load(Ordering::Relaxed);
+        self.company
+            .arrived(Instant::now(), !op.is_record(), unanswered);
+        if op.is_record() {
+            self.unanswered.fetch_add(1, Ordering::Relaxed);
+        }
+        op
+    }
+
+    async fn recv(&mut self) -> Option<Op> {
+        let op = self.queue.recv().await?;
+        Some(self.note(op))
+    }
+
+    fn try_recv(&mut self) -> Option<Op> {
+        let op = self.queue.try_recv().ok()?;
+        Some(self.note(op))
+    }
+}
+
 /// The members of the next group: the writes left `waiting` by the last group, else the next
-/// one to arrive (waiting for it), then whatever else has arrived, up to `max`. Writes that do
-/// not fit are left `waiting` for the group after. `None` when the queue is closed.
+/// one to arrive (waiting for it), then whatever else has arrived, up to `max`. A group of only
+/// records then waits for company while [`Company`] says a claim is due. Writes that do not
+/// fit are left `waiting` for the group after. `None` when the queue is closed.
 async fn gather(
-    queue: &mut mpsc::Receiver<Op>,
+    arrivals: &mut Arrivals,
     waiting: &mut VecDeque<Op>,
     max: usize,
+    stats: &LedgerStats,
 ) -> Option<Vec<Op>> {
     let mut group = Gathering::new(max);
     for op in waiting.drain(..) {
         group.admit(op);
     }
     if group.members.is_empty() {
-        group.admit(queue.recv().await?);
+        group.admit(arrivals.recv().await?);
     }
-    while group.members.len() < max {
-        match queue.try_recv() {
-            Ok(op) => group.admit(op),
-            Err(_) => break,
+    group.admit_arrived(arrivals);
+    if let Some(until) = group
+        .only_records()
+        .then(|| arrivals.company.wait_until(Instant::now()))
+        .flatten()
+    {
+        stats.waits.fetch_add(1, Ordering::Relaxed);
+        match tokio::time::timeout_at(until, arrivals.recv()).await {
+            Ok(Some(op)) => {
+                group.admit(op);
+                group.admit_arrived(arrivals);
+            }
+            // Closed: the group goes as it is, and the next gather sees the end.
+            Ok(None) => {}
+            Err(_) => {
+                arrivals.company.waited_alone();
+                stats.waits_alone.fetch_add(1, Ordering::Relaxed);
+            }
         }
     }
     *waiting = group.next;
@@ -298,6 +368,22 @@ impl Gathering {
             policy: None,
             next: VecDeque::new(),
         }
+    }
+
+    /// Admits whatever has arrived, up to the group's size.
+    fn admit_arrived(&mut self, arrivals: &mut Arrivals) {
+        while self.members.len() < self.max {
+            match arrivals.try_recv() {
+                Some(op) => self.admit(op),
+                None => break,
+            }
+        }
+    }
+
+    /// Whether the group holds only records, with nothing left over for the next (a write
+    /// that could not join would wait behind a group waiting for company).
+    fn only_records(&self) -> bool {
+        self.next.is_empty() && self.members.iter().all(Op::is_record)
     }
 
     /// Admits `op` to the group if it fits, or keeps it for the next.
@@ -474,6 +560,138 @@ async fn write_alone(db: &Database, op: Op) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::db::rows::LedgerStatus;
+
+    fn claim(job_id: &str) -> Op {
+        Op::Claim {
+            item: ClaimItem {
+                job_id: job_id.into(),
+                kind: "welcome".into(),
+                message_id: format!("<{job_id}@mailroom.test>"),
+                token: Uuid::new_v4(),
+                recipient: None,
+                screen: vec![],
+            },
+            lease: Duration::from_secs(60),
+            resend_uncertain: false,
+            reply: oneshot::channel().0,
+        }
+    }
+
+    fn record(job_id: &str) -> Op {
+        Op::Record {
+            item: RecordItem {
+                job_id: job_id.into(),
+                kind: "welcome".into(),
+                token: Uuid::new_v4(),
+                status: LedgerStatus::Sent,
+                smtp_reply: None,
+                error: None,
+                class: None,
+                revision: None,
+            },
+            reply: oneshot::channel().0,
+        }
+    }
+
+    fn keys(group: &[Op]) -> Vec<(&'static str, &str)> {
+        group
+            .iter()
+            .map(|op| (if op.is_record() { "record" } else { "claim" }, op.key().0))
+            .collect()
+    }
+
+    /// Arrivals whose claims came every 5 ms, the last one while a record was unanswered:
+    /// the next claim is due 5 ms after the last.
+    fn arrivals_of_independent_claims() -> (mpsc::Sender<Op>, Arrivals) {
+        let (tx, queue) = mpsc::channel(16);
+        let mut arrivals = Arrivals {
+            queue,
+            company: Company::default(),
+            unanswered: Arc::new(AtomicUsize::new(0)),
+        };
+        let now = Instant::now();
+        for i in 0..4u32 {
+            let at = now - Duration::from_millis(5) * (4 - i);
+            arrivals.company.arrived(at, true, usize::from(i == 3));
+        }
+        (tx, arrivals)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_lone_record_waits_for_the_claim_that_is_due_and_goes_with_it() {
+        let (tx, mut arrivals) = arrivals_of_independent_claims();
+        let stats = LedgerStats::default();
+        tx.send(record("a")).await.unwrap();
+        let started = Instant::now();
+        let gathering = tokio::spawn(async move {
+            let group = gather(&mut arrivals, &mut VecDeque::new(), 16, &stats).await;
+            (group, Instant::now(), stats)
+        });
+        tokio::time::sleep(Duration::from_millis(3)).await;
+        tx.send(claim("b")).await.unwrap();
+        let (group, done, stats) = gathering.await.unwrap();
+        let group = group.unwrap();
+        assert_eq!(keys(&group), [("record", "a"), ("claim", "b")]);
+        // It went when the claim arrived, not at the end of the linger.
+        assert_eq!(done - started, Duration::from_millis(3));
+        assert_eq!(stats.waits.load(Ordering::Relaxed), 1);
+        assert_eq!(stats.waits_alone.load(Ordering::Relaxed), 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_lone_record_waits_at_most_the_linger() {
+        let (tx, mut arrivals) = arrivals_of_independent_claims();
+        let stats = LedgerStats::default();
+        tx.send(record("a")).await.unwrap();
+        let started = Instant::now();
+        let group = gather(&mut arrivals, &mut VecDeque::new(), 16, &stats)
+            .await
+            .unwrap();
+        assert_eq!(keys(&group), [("record", "a")]);
+        assert_eq!(Instant::now() - started, RECORD_LINGER);
+        assert_eq!(stats.waits_alone.load(Ordering::Relaxed), 1);
+        // The lone wait took evidence away; the record still counts as unanswered.
+        assert_eq!(arrivals.unanswered.load(Ordering::Relaxed), 1);
+        drop(tx);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn claims_and_records_without_evidence_go_at_once() {
+        let (tx, queue) = mpsc::channel(16);
+        let mut arrivals = Arrivals {
+            queue,
+            company: Company::default(),
+            unanswered: Arc::new(AtomicUsize::new(0)),
+        };
+        let stats = LedgerStats::default();
+        let started = Instant::now();
+        // One job at a time: claim, then record, each with nothing else unanswered.
+        for (op, key) in [(claim("a"), "claim"), (record("a"), "record")] {
+            tx.send(op).await.unwrap();
+            let group = gather(&mut arrivals, &mut VecDeque::new(), 16, &stats)
+                .await
+                .unwrap();
+            assert_eq!(keys(&group), [(key, "a")]);
+            arrivals.unanswered.store(0, Ordering::Relaxed);
+        }
+        assert_eq!(Instant::now(), started);
+        assert_eq!(stats.waits.load(Ordering::Relaxed), 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_claim_never_waits_even_when_company_is_due() {
+        let (tx, mut arrivals) = arrivals_of_independent_claims();
+        let stats = LedgerStats::default();
+        tx.send(claim("a")).await.unwrap();
+        let started = Instant::now();
+        let group = gather(&mut arrivals, &mut VecDeque::new(), 16, &stats)
+            .await
+            .unwrap();
+        assert_eq!(keys(&group), [("claim", "a")]);
+        assert_eq!(Instant::now(), started);
+        assert_eq!(stats.waits.load(Ordering::Relaxed), 0);
+    }
 
     #[test]
     fn ledger_text_drops_nul_and_cuts_long_text_at_a_character_boundary() {

@@ -28,6 +28,10 @@ pub const LEASE_SAFETY: Duration = Duration::from_millis(500);
 /// Time allowed to commit the result of a send (`sent`, or the failure) before the lease ends.
 /// A record that takes longer (the database is down) is the documented window W2.
 pub const RECORD_BUDGET: Duration = Duration::from_secs(1);
+// A record may wait for company before its commit (`db::group::company`): that wait must be a
+// small part of what the lease leaves the record.
+const _: () =
+    assert!(crate::db::group::RECORD_LINGER.as_millis() * 100 <= RECORD_BUDGET.as_millis());
 /// Time allowed between asking for the claim and starting the send: the claim's commit (a
 /// group commit may wait for the group ahead of it) and rendering.
 pub const CLAIM_BUDGET: Duration = Duration::from_millis(500);

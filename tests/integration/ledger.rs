@@ -394,3 +394,88 @@ async fn deliveries(ledger: &Ledger, prefix: &str, tasks: usize, each: usize) {
         run.unwrap();
     }
 }
+
+/// One delivery through `ledger`: claim `job_id`, "send" for `send` (the worker's SMTP
+/// exchange, which the ledger does not see), record `sent`.
+async fn deliver(ledger: &Ledger, job_id: &str, send: Duration) {
+    let Claim::Claimed { token, .. } = ledger.claim(&request(job_id, LEASE, true)).await.unwrap()
+    else {
+        panic!("{job_id} was not claimed");
+    };
+    tokio::time::sleep(send).await;
+    let record = Record {
+        job_id,
+        kind: KIND,
+        token: Some(token),
+        status: LedgerStatus::Sent,
+        smtp_reply: Some("250 ok"),
+        error: None,
+        class: None,
+    };
+    assert!(ledger.record(&record, Some("rev")).await.unwrap());
+}
+
+fn counts(ledger: &Ledger) -> (u64, u64, u64, u64) {
+    let stats = ledger.stats();
+    let load = |c: &std::sync::atomic::AtomicU64| c.load(std::sync::atomic::Ordering::Relaxed);
+    (
+        load(&stats.writes),
+        load(&stats.groups),
+        load(&stats.waits),
+        load(&stats.waits_alone),
+    )
+}
+
+#[tokio::test]
+async fn records_of_one_job_at_a_time_never_wait_for_company() {
+    let app = TestApp::spawn().await;
+    let ledger = Ledger::direct(app.db.clone(), Default::default()).grouped(16);
+    // The next job starts only once the last is recorded, as fast as the database answers:
+    // its claim comes because the record was answered, so a record waiting for it would only
+    // wait out the linger, every time.
+    for i in 0..40 {
+        deliver(&ledger, &format!("alone-{i}"), Duration::from_millis(1)).await;
+    }
+    let (writes, groups, waits, _) = counts(&ledger);
+    assert_eq!(
+        (writes, groups, waits),
+        (80, 80, 0),
+        "each write alone, none waited"
+    );
+    assert_eq!(app.count_status("sent").await, 40);
+}
+
+#[tokio::test]
+async fn records_of_deliveries_arriving_on_their_own_share_a_commit_with_the_next_claim() {
+    let app = TestApp::spawn().await;
+    let ledger = Ledger::direct(app.db.clone(), Default::default()).grouped(16);
+    // A delivery every 5 ms (200/s), each sending for 1 ms: apart from the odd overlap, each
+    // claim and each record would be a commit of its own.
+    const N: u64 = 100;
+    let mut every = tokio::time::interval(Duration::from_millis(5));
+    let mut deliveries = tokio::task::JoinSet::new();
+    for i in 0..N {
+        every.tick().await;
+        let ledger = ledger.clone();
+        deliveries.spawn(async move {
+            deliver(&ledger, &format!("paced-{i}"), Duration::from_millis(1)).await
+        });
+    }
+    while let Some(done) = deliveries.join_next().await {
+        done.unwrap();
+    }
+    assert_eq!(app.count_status("sent").await, N as i64);
+    let (writes, groups, waits, alone) = counts(&ledger);
+    assert_eq!(writes, 2 * N);
+    // Records waited for the claim due next and went with it: about one commit per delivery
+    // instead of two.
+    let joined = waits - alone;
+    assert!(
+        joined >= N / 3,
+        "records that shared a commit with a claim they waited for: {joined} of {waits} waits"
+    );
+    assert!(
+        groups * 4 <= writes * 3,
+        "{writes} writes in {groups} commits"
+    );
+}

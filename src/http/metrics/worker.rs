@@ -237,6 +237,16 @@ fn ledger(out: &mut String, w: &Stats) {
             "Groups that failed on a statement and were written one by one.",
             &l.split,
         ),
+        (
+            "mailroom_ledger_record_waits_total",
+            "Groups of only records that waited (at most 5 ms) for a claim to share their commit.",
+            &l.waits,
+        ),
+        (
+            "mailroom_ledger_record_waits_alone_total",
+            "Of those waits, the ones that ended without company (the records went alone).",
+            &l.waits_alone,
+        ),
     ] {
         counter(out, name, help, value.load(Ordering::Relaxed));
     }
