@@ -71,7 +71,8 @@ pub struct WorkerArgs {
     #[arg(long, env = "MAILROOM_PREFETCH")]
     pub prefetch: Option<u16>,
     /// Claims and results of concurrent deliveries written together, at most this many per
-    /// statement and commit (group commit); 1 writes each on its own.
+    /// statement and commit (group commit); at moderate rates a result waits up to 5 ms for
+    /// the next claim to share its commit. 1 writes each on its own, at once.
     #[arg(long, env = "MAILROOM_LEDGER_GROUP", default_value_t = 64)]
     pub ledger_group: usize,
     /// Concurrent SMTP sessions at most (lettre's pool does not bound them by itself).
