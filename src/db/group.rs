@@ -651,7 +651,9 @@ mod tests {
         assert_eq!(keys(&group), [("record", "a")]);
         assert_eq!(Instant::now() - started, RECORD_LINGER);
         assert_eq!(stats.waits_alone.load(Ordering::Relaxed), 1);
-        // The lone wait took evidence away; the record still counts as unanswered.
+        // The lone wait halved the one piece of evidence: the next lone record goes at once.
+        assert_eq!(arrivals.company.wait_until(Instant::now()), None);
+        // The record counts as unanswered until its group is written.
         assert_eq!(arrivals.unanswered.load(Ordering::Relaxed), 1);
         drop(tx);
     }
