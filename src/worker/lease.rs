@@ -26,7 +26,7 @@ use crate::smtp::line::Deeper;
 /// on the wire, and clock rate differences between this host and the database's.
 pub const LEASE_SAFETY: Duration = Duration::from_millis(500);
 /// Time allowed to commit the result of a send (`sent`, or the failure) before the lease ends.
-/// A record that takes longer (the database is down) is the documented window W2.
+/// A record that takes longer (the database is down) is the documented window W1.
 pub const RECORD_BUDGET: Duration = Duration::from_secs(1);
 // A record may wait for company before its commit (`db::group::company`): that wait must be a
 // small part of what the lease leaves the record.
