@@ -333,6 +333,10 @@ impl Worker {
         tracing::info!(
             groups = ledger.groups.load(std::sync::atomic::Ordering::Relaxed),
             writes = ledger.writes.load(std::sync::atomic::Ordering::Relaxed),
+            record_waits = ledger.waits.load(std::sync::atomic::Ordering::Relaxed),
+            record_waits_alone = ledger
+                .waits_alone
+                .load(std::sync::atomic::Ordering::Relaxed),
             "ledger groups of this process written"
         );
         tracing::info!(

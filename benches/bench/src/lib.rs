@@ -294,8 +294,14 @@ async fn run(opts: Opts) -> anyhow::Result<()> {
             run.split.line(),
             report::paced_cost(&run)
         );
+        if let Some(ledger) = &run.ledger {
+            println!("{ledger}");
+        }
         let floor = one_at_a_time_run(&services, &sink, &opts, &logs).await?;
         println!("{}", report::one_at_a_time_line(&floor));
+        if let Some(ledger) = &floor.ledger {
+            println!("{ledger}");
+        }
         return Ok(());
     }
     if opts.only == Some(Only::Backlog) {

@@ -426,17 +426,27 @@ pub fn table(r: &Results) -> String {
             p.label,
             p.split.line()
         );
+        let ledger = p
+            .ledger
+            .as_deref()
+            .map(|l| format!("; {l}"))
+            .unwrap_or_default();
         let _ = writeln!(
             t,
-            "| worker path at {}: CPU per email by process | {} | | |",
+            "| worker path at {}: CPU per email by process | {}{ledger} | | |",
             p.label,
             paced_cost(p)
         );
     }
     let one = &r.one_at_a_time;
+    let ledger = one
+        .ledger
+        .as_deref()
+        .map(|l| format!("; {l}"))
+        .unwrap_or_default();
     let _ = writeln!(
         t,
-        "| {} | {} | claim + send + record, 1 at a time (the raw parts): {} ms | {} |",
+        "| {} | {}{ledger} | claim + send + record, 1 at a time (the raw parts): {} ms | {} |",
         one_at_a_time_label(one),
         one.split.after_claim.triple(),
         ms(inside_floor_ms(r)),

@@ -74,6 +74,9 @@ pub struct PacedRun {
     /// Where that time went: before the claim and after it.
     pub split: Split,
     pub cpu: CpuShare,
+    /// The first worker's group commits, from the line it logs when it stops
+    /// ([`logged_ledger`]); `None` if it logged none.
+    pub ledger: Option<String>,
     /// The SMTP server's name in the report.
     pub smtp: &'static str,
 }
@@ -410,6 +413,33 @@ fn logged_steps(log: &Path) -> Option<String> {
     )
 }
 
+/// The first worker's ledger, from the line it logs when it stops (warm-up included): its
+/// commits, the claims and records in them, and the groups of only records that waited for a
+/// claim to share their commit (and of those, the ones that went alone).
+fn logged_ledger(log: &Path) -> Option<String> {
+    let text = std::fs::read_to_string(log).ok()?;
+    let line = text
+        .lines()
+        .rev()
+        .find(|l| l.contains("ledger groups of this process written"))?;
+    let field = |name: &str| -> Option<u64> {
+        line.split_whitespace()
+            .find_map(|w| w.strip_prefix(name)?.strip_prefix('=')?.parse().ok())
+    };
+    let (groups, writes) = (field("groups")?, field("writes")?);
+    let mut text = format!(
+        "ledger: {groups} commits for {writes} claims and records ({:.2} per commit)",
+        writes as f64 / groups.max(1) as f64
+    );
+    // A build from before records waited for company logs no such field.
+    if let (Some(waits), Some(alone)) = (field("record_waits"), field("record_waits_alone")) {
+        text.push_str(&format!(
+            ", {waits} groups of records waited for a claim, {alone} of them in vain"
+        ));
+    }
+    Some(text)
+}
+
 /// One worker process; `n` jobs offered at `rate`/s after a warm-up.
 pub async fn paced(
     services: &Services,
@@ -476,12 +506,14 @@ async fn paced_in(
             latency: latency.summary(true),
             split: Split::of(&parts),
             cpu,
+            ledger: None,
             smtp: sink.name,
         })
     }
     .await;
     fleet.stop().await;
-    result
+    let ledger = logged_ledger(&logs.join(format!("{}-worker1.log", world.label)));
+    result.map(|run| PacedRun { ledger, ..run })
 }
 
 /// The floor of one worker process: `n` jobs one at a time, each published only once the last
@@ -553,12 +585,14 @@ async fn one_at_a_time_in(
             latency: latency.summary(true),
             split: Split::of(&parts),
             cpu: CpuShare::default(),
+            ledger: None,
             smtp: sink.name,
         })
     }
     .await;
     fleet.stop().await;
-    result
+    let ledger = logged_ledger(&logs.join(format!("{}-worker1.log", world.label)));
+    result.map(|run| PacedRun { ledger, ..run })
 }
 
 pub async fn wait_for(
