@@ -268,16 +268,7 @@ async fn concurrent_claims_of_one_job_through_a_grouped_ledger_give_one_claim() 
             };
             let (ledger, job_id, token) = (ledger.clone(), job_id.clone(), *token);
             Some(tokio::spawn(async move {
-                let record = Record {
-                    job_id: &job_id,
-                    kind: KIND,
-                    token: Some(token),
-                    status: LedgerStatus::Sent,
-                    smtp_reply: Some("250 ok"),
-                    error: None,
-                    class: None,
-                };
-                ledger.record(&record, Some("rev")).await
+                ledger.record(&sent(&job_id, token), Some("rev")).await
             }))
         });
     for recorded in futures_util::future::join_all(records).await {
@@ -403,7 +394,17 @@ async fn deliver(ledger: &Ledger, job_id: &str, send: Duration) {
         panic!("{job_id} was not claimed");
     };
     tokio::time::sleep(send).await;
-    let record = Record {
+    assert!(
+        ledger
+            .record(&sent(job_id, token), Some("rev"))
+            .await
+            .unwrap()
+    );
+}
+
+/// The record of a send of `job_id` the SMTP server accepted, by the holder of `token`.
+fn sent(job_id: &str, token: Uuid) -> Record<'_> {
+    Record {
         job_id,
         kind: KIND,
         token: Some(token),
@@ -411,8 +412,7 @@ async fn deliver(ledger: &Ledger, job_id: &str, send: Duration) {
         smtp_reply: Some("250 ok"),
         error: None,
         class: None,
-    };
-    assert!(ledger.record(&record, Some("rev")).await.unwrap());
+    }
 }
 
 fn counts(ledger: &Ledger) -> (u64, u64, u64, u64) {

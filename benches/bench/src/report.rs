@@ -426,11 +426,7 @@ pub fn table(r: &Results) -> String {
             p.label,
             p.split.line()
         );
-        let ledger = p
-            .ledger
-            .as_deref()
-            .map(|l| format!("; {l}"))
-            .unwrap_or_default();
+        let ledger = ledger_suffix(p);
         let _ = writeln!(
             t,
             "| worker path at {}: CPU per email by process | {}{ledger} | | |",
@@ -439,11 +435,7 @@ pub fn table(r: &Results) -> String {
         );
     }
     let one = &r.one_at_a_time;
-    let ledger = one
-        .ledger
-        .as_deref()
-        .map(|l| format!("; {l}"))
-        .unwrap_or_default();
+    let ledger = ledger_suffix(one);
     let _ = writeln!(
         t,
         "| {} | {}{ledger} | claim + send + record, 1 at a time (the raw parts): {} ms | {} |",
@@ -460,6 +452,14 @@ pub fn table(r: &Results) -> String {
         "Latency clocks: claim and accepted+recorded are PostgreSQL `now()` (`created_at`, `sent_at`); publish is the bench's clock, shifted onto PostgreSQL's by the offset measured per run (same host, |offset| < 1 ms). End to end, a job counts from the moment its producer's COMMIT returned."
     );
     t
+}
+
+/// `; ledger: …` after a run's figures, when its worker logged its groups.
+fn ledger_suffix(run: &crate::workers::PacedRun) -> String {
+    run.ledger
+        .as_deref()
+        .map(|l| format!("; {l}"))
+        .unwrap_or_default()
 }
 
 fn one_at_a_time_label(run: &crate::workers::PacedRun) -> String {

@@ -450,15 +450,44 @@ pub async fn paced(
     logs: &Path,
 ) -> anyhow::Result<PacedRun> {
     let world = World::create(services, label, 2).await?;
-    let result = paced_in(&world, sink, rate, n, logs).await;
+    let result = paced_in(&world, sink, Offer::Rate(rate), n, logs).await;
     world.cleanup().await;
     result
+}
+
+/// The floor of one worker process: `n` jobs one at a time, each published only once the last
+/// is recorded (the bench polls the ledger every millisecond). Nothing overlaps, so this is
+/// what one job costs in time when it has the worker to itself; its latency is claim →
+/// accepted+recorded (`split.after_claim`). The bench's polls run on PostgreSQL too, so the run
+/// reports no CPU per email.
+pub async fn one_at_a_time(
+    services: &Services,
+    sink: &SmtpSink,
+    n: usize,
+    logs: &Path,
+) -> anyhow::Result<PacedRun> {
+    let world = World::create(services, "one-at-a-time", 2).await?;
+    let result = paced_in(&world, sink, Offer::OneAtATime, n, logs).await;
+    world.cleanup().await;
+    result.map(|run| PacedRun {
+        label: "one job at a time".into(),
+        ..run
+    })
+}
+
+/// How a paced run offers its jobs.
+#[derive(Clone, Copy)]
+enum Offer {
+    /// On a fixed schedule, this many per second.
+    Rate(f64),
+    /// Each once the last is recorded.
+    OneAtATime,
 }
 
 async fn paced_in(
     world: &World,
     sink: &SmtpSink,
-    rate: f64,
+    offer: Offer,
     n: usize,
     logs: &Path,
 ) -> anyhow::Result<PacedRun> {
@@ -471,9 +500,18 @@ async fn paced_in(
             prefix: prefix.into(),
         };
         // Warm-up: the worker is connected and its pools are open before the clock starts.
+        // One at a time for the floor: a burst would leave the worker evidence of independent
+        // arrivals, and its first records would wait for company that never comes.
         const WARM: usize = 50;
-        workload::backlog(&producer("warm"), WARM, 16).await?;
-        wait_for(&mut pg, "warm", WARM, patience(WARM)).await?;
+        match offer {
+            Offer::Rate(_) => {
+                workload::backlog(&producer("warm"), WARM, 16).await?;
+                wait_for(&mut pg, "warm", WARM, patience(WARM)).await?;
+            }
+            Offer::OneAtATime => {
+                one_by_one(&producer("warm"), &mut pg, "warm", WARM).await?;
+            }
+        }
         let offset = pg_clock_offset(&mut pg).await?;
         let roles = Roles {
             workers: fleet.pids.clone(),
@@ -481,9 +519,24 @@ async fn paced_in(
         };
         let before = Snapshot::take(&roles);
         let jobs: Arc<dyn Producer> = Arc::new(producer("job"));
-        let (published, offered_rate) = workload::paced(jobs, n, rate).await?;
+        let (published, offered_rate, target_rate) = match offer {
+            Offer::Rate(rate) => {
+                let (published, offered) = workload::paced(jobs, n, rate).await?;
+                (published, offered, rate)
+            }
+            Offer::OneAtATime => {
+                let started = Instant::now();
+                let published = one_by_one(jobs.as_ref(), &mut pg, "job", n).await?;
+                let offered = n as f64 / started.elapsed().as_secs_f64().max(1e-6);
+                (published, offered, 0.0)
+            }
+        };
         let sent = wait_for(&mut pg, "job", n, patience(n)).await?;
-        let cpu = before.share_until(&Snapshot::take(&roles));
+        let cpu = match offer {
+            Offer::Rate(_) => before.share_until(&Snapshot::take(&roles)),
+            // The bench's polls ran on PostgreSQL: no figure would be the worker's alone.
+            Offer::OneAtATime => CpuShare::default(),
+        };
         let mut latency = Recorder::default();
         let mut parts = Vec::with_capacity(n);
         for (job_id, claimed_at, sent_at) in sent_rows(&mut pg, "job").await? {
@@ -498,7 +551,7 @@ async fn paced_in(
         }
         anyhow::Ok(PacedRun {
             label: world.label.clone(),
-            target_rate: rate,
+            target_rate,
             offered_rate,
             n,
             sent,
@@ -516,83 +569,24 @@ async fn paced_in(
     result.map(|run| PacedRun { ledger, ..run })
 }
 
-/// The floor of one worker process: `n` jobs one at a time, each published only once the last
-/// is recorded (the bench polls the ledger every millisecond). Nothing overlaps, so this is
-/// what one job costs in time when it has the worker to itself; its latency is claim →
-/// accepted+recorded (`split.after_claim`). The bench's polls run on PostgreSQL too, so the run
-/// reports no CPU per email.
-pub async fn one_at_a_time(
-    services: &Services,
-    sink: &SmtpSink,
+/// Submits jobs `0..n` of `producer` (ids `prefix-i`), each once the last is recorded (the
+/// ledger polled every millisecond); their submit times, by index.
+async fn one_by_one(
+    producer: &dyn Producer,
+    pg: &mut PgConnection,
+    prefix: &str,
     n: usize,
-    logs: &Path,
-) -> anyhow::Result<PacedRun> {
-    let world = World::create(services, "one-at-a-time", 2).await?;
-    let result = one_at_a_time_in(&world, sink, n, logs).await;
-    world.cleanup().await;
-    result
-}
-
-async fn one_at_a_time_in(
-    world: &World,
-    sink: &SmtpSink,
-    n: usize,
-    logs: &Path,
-) -> anyhow::Result<PacedRun> {
-    let fleet = Fleet::spawn(world, sink, 1, logs)?;
-    let mut pg = world.pg().await?;
-    let result = async {
-        let producer = |prefix: &str| BrokerProducer {
-            channel: world.publisher.clone(),
-            exchange: world.topology.exchange.clone(),
-            prefix: prefix.into(),
-        };
-        const WARM: usize = 50;
-        workload::backlog(&producer("warm"), WARM, 16).await?;
-        wait_for(&mut pg, "warm", WARM, patience(WARM)).await?;
-        let offset = pg_clock_offset(&mut pg).await?;
-        let jobs = producer("job");
-        let started = Instant::now();
-        let mut published = Vec::with_capacity(n);
-        for i in 0..n {
-            published.push(jobs.submit(i).await?);
-            let deadline = Instant::now() + patience(1);
-            while count_sent(&mut pg, "job").await? <= i as i64 {
-                anyhow::ensure!(Instant::now() < deadline, "job {i} was not recorded");
-                tokio::time::sleep(Duration::from_millis(1)).await;
-            }
+) -> anyhow::Result<Vec<DateTime<Utc>>> {
+    let mut published = Vec::with_capacity(n);
+    for i in 0..n {
+        published.push(producer.submit(i).await?);
+        let deadline = Instant::now() + patience(1);
+        while count_sent(pg, prefix).await? <= i as i64 {
+            anyhow::ensure!(Instant::now() < deadline, "{prefix}-{i} was not recorded");
+            tokio::time::sleep(Duration::from_millis(1)).await;
         }
-        let elapsed = started.elapsed().as_secs_f64();
-        let mut latency = Recorder::default();
-        let mut parts = Vec::with_capacity(n);
-        for (job_id, claimed_at, sent_at) in sent_rows(&mut pg, "job").await? {
-            if let Some(i) = workload::index_of(&job_id).filter(|i| *i < published.len()) {
-                let published = published[i] + offset;
-                latency.record_ms(ms_between(published, sent_at));
-                parts.push((
-                    ms_between(published, claimed_at).max(0.0),
-                    ms_between(claimed_at, sent_at).max(0.0),
-                ));
-            }
-        }
-        anyhow::Ok(PacedRun {
-            label: "one job at a time".into(),
-            target_rate: 0.0,
-            offered_rate: n as f64 / elapsed.max(1e-6),
-            n,
-            sent: parts.len() as i64,
-            complete: parts.len() >= n,
-            latency: latency.summary(true),
-            split: Split::of(&parts),
-            cpu: CpuShare::default(),
-            ledger: None,
-            smtp: sink.name,
-        })
     }
-    .await;
-    fleet.stop().await;
-    let ledger = logged_ledger(&logs.join(format!("{}-worker1.log", world.label)));
-    result.map(|run| PacedRun { ledger, ..run })
+    Ok(published)
 }
 
 pub async fn wait_for(
