@@ -575,7 +575,7 @@ impl Relay {
                     out.properties.clone(),
                 )
             });
-            in_order(publishes.collect())
+            broker::in_order(publishes.collect())
                 .await
                 .into_iter()
                 .collect::<Result<Vec<_>, lapin::Error>>()
@@ -649,38 +649,6 @@ impl Relay {
     }
 }
 
-/// Runs `futures` together and returns their outputs in order. Each is first polled in the
-/// list's order, one after the other: lapin takes a message's delivery tag and queues its
-/// frames in `basic_publish`'s first poll, so the messages go on the wire in the batch's order.
-/// After that only a future that was woken is polled again, so a batch of any size costs polls
-/// in proportion to its length. (`join_all` hands long lists to `FuturesOrdered`, whose polling
-/// order is its own business.)
-async fn in_order<F: std::future::Future>(futures: Vec<F>) -> Vec<F::Output> {
-    use futures_util::StreamExt;
-    use futures_util::stream::FuturesUnordered;
-    let mut outputs: Vec<Option<F::Output>> = futures.iter().map(|_| None).collect();
-    let mut first: Vec<(usize, std::pin::Pin<Box<F>>)> =
-        futures.into_iter().map(Box::pin).enumerate().collect();
-    let mut rest = FuturesUnordered::new();
-    std::future::poll_fn(|cx| {
-        for (i, mut f) in first.drain(..) {
-            match f.as_mut().poll(cx) {
-                std::task::Poll::Ready(out) => outputs[i] = Some(out),
-                std::task::Poll::Pending => rest.push(async move { (i, f.await) }),
-            }
-        }
-        std::task::Poll::Ready(())
-    })
-    .await;
-    while let Some((i, out)) = rest.next().await {
-        outputs[i] = Some(out);
-    }
-    outputs
-        .into_iter()
-        .map(|out| out.expect("every future is done"))
-        .collect()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -698,61 +666,6 @@ mod tests {
         );
         poll.busy();
         assert_eq!(poll.idle(), ms(10));
-    }
-
-    /// Each future logs its first poll, then yields a different number of times: the first
-    /// polls come in the list's order, however the futures finish, and so do the outputs.
-    #[tokio::test]
-    async fn in_order_polls_each_future_first_in_the_lists_order() {
-        let first_polls = std::sync::Mutex::new(vec![]);
-        let futures = (0..40usize)
-            .map(|i| {
-                let first_polls = &first_polls;
-                async move {
-                    first_polls.lock().unwrap().push(i);
-                    for _ in 0..(40 - i) % 7 {
-                        tokio::task::yield_now().await;
-                    }
-                    i * 10
-                }
-            })
-            .collect();
-        let outputs = in_order(futures).await;
-        assert_eq!(outputs, (0..40).map(|i| i * 10).collect::<Vec<_>>());
-        assert_eq!(*first_polls.lock().unwrap(), (0..40).collect::<Vec<_>>());
-    }
-
-    /// 300 futures, each waiting for its own signal, signalled one at a time: a future is
-    /// polled again only when it was woken, not once per wake-up of any other (which would be
-    /// 45,000 polls here, and quadratic in a batch's length).
-    #[tokio::test]
-    async fn in_order_polls_only_the_futures_that_were_woken() {
-        use std::sync::atomic::AtomicUsize;
-        const N: usize = 300;
-        let polls = AtomicUsize::new(0);
-        let (senders, receivers): (Vec<_>, Vec<_>) = (0..N)
-            .map(|_| tokio::sync::oneshot::channel::<()>())
-            .unzip();
-        let futures = receivers
-            .into_iter()
-            .map(|mut rx| {
-                let polls = &polls;
-                std::future::poll_fn(move |cx| {
-                    polls.fetch_add(1, Ordering::Relaxed);
-                    std::pin::Pin::new(&mut rx).poll(cx).map(|_| ())
-                })
-            })
-            .collect();
-        let signal = async {
-            for tx in senders {
-                tokio::task::yield_now().await;
-                let _ = tx.send(());
-            }
-        };
-        let (outputs, ()) = tokio::join!(in_order(futures), signal);
-        assert_eq!(outputs.len(), N);
-        let polls = polls.load(Ordering::Relaxed);
-        assert!(polls <= 4 * N, "{polls} polls for {N} futures");
     }
 
     #[test]

@@ -47,39 +47,41 @@ impl Database {
         }
     }
 
-    /// Before a replay's publish: claims the `dead` row `id` for the replay `token` for `ttl`,
-    /// unless another replay holds a live claim on it (a claim older than its `ttl` is taken
-    /// over: its replay crashed). One atomic UPDATE on both engines; whether this call claimed.
-    pub async fn claim_dead_letter(
+    /// Before a replay's publish: claims the `dead` rows among `ids` for the replay `token`
+    /// for `ttl`, except those another replay holds a live claim on (a claim older than its
+    /// `ttl` is taken over: its replay crashed). One atomic UPDATE on both engines; the ids
+    /// this call claimed.
+    pub async fn claim_dead_letters(
         &self,
-        id: i64,
+        ids: &[i64],
         token: &str,
         ttl: std::time::Duration,
-    ) -> sqlx::Result<bool> {
+    ) -> sqlx::Result<Vec<i64>> {
         let secs = ttl.as_secs_f64();
         match self {
-            Database::Postgres(pool) => postgres::dead_letters::claim(pool, id, token, secs).await,
-            Database::MySql(pool) => mysql::dead_letters::claim(pool, id, token, secs).await,
+            Database::Postgres(pool) => postgres::dead_letters::claim(pool, ids, token, secs).await,
+            Database::MySql(pool) => mysql::dead_letters::claim(pool, ids, token, secs).await,
         }
     }
 
-    /// After a replay's publish: marks the `dead` row `id` claimed by `token` replayed by `by`
-    /// with `result` when `published`, else only notes `result` (it stays dead); either way the
-    /// claim is released. Whether the row was still dead and claimed by `token`.
-    pub async fn mark_dead_letter_replay(
+    /// After a replay's publishes: marks the `dead` rows among `ids` claimed by `token`
+    /// replayed by `by` with `result` when `published`, else only notes `result` (they stay
+    /// dead); either way the claims are released. How many rows were still dead and claimed by
+    /// `token`.
+    pub async fn mark_dead_letters_replay(
         &self,
-        id: i64,
+        ids: &[i64],
         token: &str,
         by: &str,
         result: &str,
         published: bool,
-    ) -> sqlx::Result<bool> {
+    ) -> sqlx::Result<u64> {
         match self {
             Database::Postgres(pool) => {
-                postgres::dead_letters::mark_replay(pool, id, token, by, result, published).await
+                postgres::dead_letters::mark_replay(pool, ids, token, by, result, published).await
             }
             Database::MySql(pool) => {
-                mysql::dead_letters::mark_replay(pool, id, token, by, result, published).await
+                mysql::dead_letters::mark_replay(pool, ids, token, by, result, published).await
             }
         }
     }

@@ -1,17 +1,19 @@
-//! Replaying dead rows, and the dry run that says what a replay would send. A replay
-//! *claims* each row (one atomic UPDATE that sets its token where no live claim is held),
-//! republishes the stored letter through the main exchange with confirms (the failure headers
-//! dropped, `x-mailroom-replay` counted, the copy sealed with [`seal`]), *then* marks its row
-//! replayed (who, when, result) where its claim still stands.
+//! Replaying dead rows, and the dry run that says what a replay would send. A replay goes a
+//! page of rows at a time: it *claims* the page (one atomic UPDATE that sets its token on each
+//! row where no live claim is held), republishes the claimed rows' stored letters through the
+//! main exchange together, each with its own confirm (the failure headers dropped,
+//! `x-mailroom-replay` counted, the copy sealed with [`seal`]), *then* marks the rows the
+//! broker took replayed (who, when, result) in one statement, where their claims still stand,
+//! and notes on each of the others why it stays dead.
 //!
 //! The claim is why two replays at once (two operators, the CLI and the console) publish each
 //! row once: the second finds the row claimed, or no longer dead, and leaves it to the first
 //! (counted in [`Report::claimed_elsewhere`]). A claim rather than `SELECT … FOR UPDATE SKIP
-//! LOCKED`: no transaction or pooled connection is held across the broker's confirm, and it
-//! works the same on both engines. A crash between the claim and the mark leaves the row `dead`
-//! with a claim that expires after [`CLAIM_TTL`]; the next replay then publishes it again:
-//! at-least-once, and harmless, because the worker's ledger claims `(job_id, kind)` once and a
-//! `sent` row is never sent again.
+//! LOCKED`: no transaction or pooled connection is held across the broker's confirms, and it
+//! works the same on both engines. A crash between the claim and the mark leaves the rows
+//! `dead` with claims that expire after [`CLAIM_TTL`]; the next replay then publishes them
+//! again: at-least-once, and harmless, because the worker's ledger claims `(job_id, kind)` once
+//! and a `sent` row is never sent again.
 
 use anyhow::Context;
 use lapin::{Channel, Connection};
@@ -29,10 +31,12 @@ use crate::render::Templates;
 /// Rows read per round of a replay: bounds the memory a whole-table selection takes.
 const BATCH: i64 = 200;
 
-/// How long a replay's claim on one row holds: far beyond one publish and its confirm
-/// ([`broker::CONFIRM_TIMEOUT`], plus reopening a channel), so a running replay never loses a
-/// claim, while a row left claimed by a crashed replay is replayable again five minutes later.
+/// How long a replay's claim on a row holds: far beyond publishing a page (its publishes run
+/// together, each bounded by [`broker::CONFIRM_TIMEOUT`], writing included), so a running
+/// replay does not lose a claim, while a row left claimed by a crashed replay is replayable
+/// again five minutes later.
 pub const CLAIM_TTL: std::time::Duration = std::time::Duration::from_secs(300);
+const _: () = assert!(CLAIM_TTL.as_secs() >= 10 * broker::CONFIRM_TIMEOUT.as_secs());
 
 /// What replaying one dead letter would send, rendered with today's templates.
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -80,20 +84,30 @@ impl Replayer {
         })
     }
 
-    /// Publishes one stored letter, sealed, and waits for its confirm.
-    async fn publish(&mut self, r: &DeadLetterRow) -> anyhow::Result<()> {
-        let props = stored::decode_properties(&r.properties)?;
-        let props = seal::sealed(letter::replay_properties(&props), &r.body, &self.key);
-        let result =
-            broker::publish_confirmed(&self.channel, &self.exchange, &r.kind, &r.body, props)
-                .await
-                .map_err(anyhow::Error::from);
-        if result.is_err() && !self.channel.status().connected() {
+    /// Reopens the publishing channel if it closed (a refused publish closes it), so that a
+    /// page is claimed only when it can be published.
+    async fn ready(&mut self) -> anyhow::Result<()> {
+        if !self.channel.status().connected() {
             self.channel = broker::confirm_channel(&self.conn)
                 .await
                 .context("reopening the publishing channel")?;
         }
-        result
+        Ok(())
+    }
+
+    /// Publishes stored letters, each sealed, all at once, and waits for their confirms; each
+    /// letter's outcome, in order.
+    async fn publish_all(&self, rows: &[&DeadLetterRow]) -> Vec<anyhow::Result<()>> {
+        let publishes = rows.iter().map(|r| self.publish(r)).collect();
+        broker::in_order(publishes).await
+    }
+
+    /// Publishes one stored letter, sealed, and waits for its confirm.
+    async fn publish(&self, r: &DeadLetterRow) -> anyhow::Result<()> {
+        let props = stored::decode_properties(&r.properties)?;
+        let props = seal::sealed(letter::replay_properties(&props), &r.body, &self.key);
+        broker::publish_confirmed(&self.channel, &self.exchange, &r.kind, &r.body, props).await?;
+        Ok(())
     }
 
     /// Closes the connection.
@@ -103,9 +117,11 @@ impl Replayer {
 }
 
 impl DeadLetters {
-    /// Republishes the selected dead rows through `replayer`, each claimed first and marked
-    /// replayed by `by` after its confirm; rows another replay holds are left to it. Returns
-    /// the report even when it stops early (`interrupted`).
+    /// Republishes the selected dead rows through `replayer`, a page at a time: the page's
+    /// rows are claimed in one statement, published together (each waits for its own confirm),
+    /// and those the broker took are marked replayed by `by` in one statement; rows another
+    /// replay holds are left to it. Returns the report even when it stops early
+    /// (`interrupted`).
     pub async fn replay(
         &self,
         selection: &Selection,
@@ -124,20 +140,19 @@ impl DeadLetters {
                     return anyhow::Ok(());
                 };
                 q.before = Some(last.id);
-                for r in &rows {
-                    report.examined += 1;
-                    let claimed = self
-                        .db
-                        .claim_dead_letter(r.id, &token, CLAIM_TTL)
-                        .await
-                        .with_context(|| format!("claiming dead letter {}", r.id))?;
-                    if !claimed {
-                        report.claimed_elsewhere += 1;
-                        continue;
-                    }
-                    self.replay_one(r, replayer, (&token, by), &mut report)
-                        .await?;
-                }
+                report.examined += rows.len();
+                replayer.ready().await?;
+                let ids: Vec<i64> = rows.iter().map(|r| r.id).collect();
+                let claimed = self
+                    .db
+                    .claim_dead_letters(&ids, &token, CLAIM_TTL)
+                    .await
+                    .context("claiming dead letters")?;
+                let mine: Vec<&DeadLetterRow> =
+                    rows.iter().filter(|r| claimed.contains(&r.id)).collect();
+                report.claimed_elsewhere += rows.len() - mine.len();
+                self.replay_page(&mine, replayer, (&token, by), &mut report)
+                    .await?;
             }
         }
         .await;
@@ -147,45 +162,57 @@ impl DeadLetters {
         Ok(report)
     }
 
-    async fn replay_one(
+    /// Publishes the claimed rows of one page and marks them: the published ones replayed in
+    /// one statement, each failed one with why (it stays dead).
+    async fn replay_page(
         &self,
-        r: &DeadLetterRow,
-        replayer: &mut Replayer,
+        rows: &[&DeadLetterRow],
+        replayer: &Replayer,
         (token, by): (&str, &str),
         report: &mut Report,
     ) -> anyhow::Result<()> {
-        let outcome = if r.body_size > r.body.len() as i64 {
-            Err(format!(
-                "oversize: only the first {} of {} bytes were kept",
-                r.body.len(),
-                r.body_size
-            ))
-        } else {
-            replayer
-                .publish(r)
-                .await
-                .map_err(|e| format!("publish failed: {e:#}"))
-        };
-        let result = outcome
-            .as_ref()
-            .map_or_else(String::clone, |()| "published".into());
+        let (whole, oversize): (Vec<&DeadLetterRow>, Vec<&DeadLetterRow>) = rows
+            .iter()
+            .partition(|r| r.body_size <= r.body.len() as i64);
+        let mut failed: Vec<(&DeadLetterRow, String)> = oversize
+            .into_iter()
+            .map(|r| {
+                let why = format!(
+                    "oversize: only the first {} of {} bytes were kept",
+                    r.body.len(),
+                    r.body_size
+                );
+                (r, why)
+            })
+            .collect();
+        let mut published = vec![];
+        for (r, outcome) in whole.iter().zip(replayer.publish_all(&whole).await) {
+            match outcome {
+                Ok(()) => published.push(r.id),
+                Err(e) => failed.push((r, format!("publish failed: {e:#}"))),
+            }
+        }
         let marked = self
             .db
-            .mark_dead_letter_replay(r.id, token, by, &result, outcome.is_ok())
+            .mark_dead_letters_replay(&published, token, by, "published", true)
             .await
-            .with_context(|| format!("marking dead letter {} replayed", r.id))?;
-        if !marked {
-            tracing::warn!(id = r.id, job_id = %r.job_id, "replay: the claim expired before the mark");
+            .context("marking dead letters replayed")?;
+        if marked < published.len() as u64 {
+            tracing::warn!(
+                published = published.len(),
+                marked,
+                "replay: claims expired before the mark; those rows stay dead and may be replayed again"
+            );
         }
-        match outcome {
-            Ok(()) => {
-                report.moved += 1;
-                report.ids.push(r.id);
-            }
-            Err(why) => {
-                tracing::warn!(id = r.id, job_id = %r.job_id, kind = %r.kind, "replay: {why}; the row stays dead");
-                report.skip(why.split(':').next().unwrap_or_default());
-            }
+        report.moved += published.len();
+        report.ids.extend(&published);
+        for (r, why) in failed {
+            self.db
+                .mark_dead_letters_replay(&[r.id], token, by, &why, false)
+                .await
+                .with_context(|| format!("noting why dead letter {} was not replayed", r.id))?;
+            tracing::warn!(id = r.id, job_id = %r.job_id, kind = %r.kind, "replay: {why}; the row stays dead");
+            report.skip(why.split(':').next().unwrap_or_default());
         }
         Ok(())
     }

@@ -228,63 +228,65 @@ pub(in crate::db) async fn count_by_kind(
         .collect()
 }
 
-const CLAIM: &str = "
-UPDATE mailroom_dead_letters
-SET claim_token = ?, claimed_until = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND
-WHERE id = ? AND state = 'dead'
-  AND (claimed_until IS NULL OR claimed_until < UTC_TIMESTAMP(6))";
-
-/// Claims the `dead` row `id` for the replay `token` for `ttl_secs`, unless another replay
-/// holds a live claim on it; whether this call claimed it.
+/// Claims the `dead` rows among `ids` for the replay `token` for `ttl_secs`, except those
+/// another replay holds a live claim on; the ids this call claimed (read back by the token,
+/// which is this replay's alone).
 pub(in crate::db) async fn claim(
     pool: &MySqlPool,
-    id: i64,
+    ids: &[i64],
     token: &str,
     ttl_secs: f64,
-) -> Result<bool, sqlx::Error> {
-    let done = sqlx::query(CLAIM)
-        .bind(token.as_bytes())
-        .bind((ttl_secs * 1e6) as i64)
-        .bind(id)
-        .execute(pool)
-        .await?;
-    Ok(done.rows_affected() == 1)
+) -> Result<Vec<i64>, sqlx::Error> {
+    if ids.is_empty() {
+        return Ok(vec![]);
+    }
+    let mut qb = QueryBuilder::new("UPDATE mailroom_dead_letters SET claim_token = ");
+    qb.push_bind(token.as_bytes().to_vec())
+        .push(", claimed_until = UTC_TIMESTAMP(6) + INTERVAL ")
+        .push_bind((ttl_secs * 1e6) as i64)
+        .push(
+            " MICROSECOND WHERE state = 'dead' \
+             AND (claimed_until IS NULL OR claimed_until < UTC_TIMESTAMP(6))",
+        );
+    push_in(&mut qb, "id", ids);
+    if qb.build().execute(pool).await?.rows_affected() == 0 {
+        return Ok(vec![]);
+    }
+    let mut qb = QueryBuilder::new("SELECT id FROM mailroom_dead_letters WHERE claim_token = ");
+    qb.push_bind(token.as_bytes().to_vec());
+    push_in(&mut qb, "id", ids);
+    qb.build_query_scalar().fetch_all(pool).await
 }
 
-const MARK_REPLAYED: &str = "
-UPDATE mailroom_dead_letters
-SET state = 'replayed', replayed_at = UTC_TIMESTAMP(6), replayed_by = ?, replay_result = ?,
-    settled_at = UTC_TIMESTAMP(6), claim_token = NULL, claimed_until = NULL
-WHERE id = ? AND state = 'dead' AND claim_token = ?";
-
-const NOTE_REPLAY_FAILED: &str = "
-UPDATE mailroom_dead_letters
-SET replayed_by = ?, replay_result = ?, claim_token = NULL, claimed_until = NULL
-WHERE id = ? AND state = 'dead' AND claim_token = ?";
-
-/// Marks a `dead` row claimed by `token` replayed (`published`) or notes why its replay failed,
-/// releasing the claim; whether the row was still dead and claimed by `token`.
+/// Marks the `dead` rows among `ids` claimed by `token` replayed (`published`) or notes why
+/// their replay failed, releasing the claims; how many rows were still dead and claimed by
+/// `token`.
 pub(in crate::db) async fn mark_replay(
     pool: &MySqlPool,
-    id: i64,
+    ids: &[i64],
     token: &str,
     by: &str,
     result: &str,
     published: bool,
-) -> Result<bool, sqlx::Error> {
-    let sql = if published {
-        MARK_REPLAYED
-    } else {
-        NOTE_REPLAY_FAILED
-    };
-    let done = sqlx::query(sql)
-        .bind(by)
-        .bind(result)
-        .bind(id)
-        .bind(token.as_bytes())
-        .execute(pool)
-        .await?;
-    Ok(done.rows_affected() == 1)
+) -> Result<u64, sqlx::Error> {
+    if ids.is_empty() {
+        return Ok(0);
+    }
+    let mut qb = QueryBuilder::new("UPDATE mailroom_dead_letters SET ");
+    if published {
+        qb.push(
+            "state = 'replayed', replayed_at = UTC_TIMESTAMP(6), \
+             settled_at = UTC_TIMESTAMP(6), ",
+        );
+    }
+    qb.push("replayed_by = ")
+        .push_bind(by.to_string())
+        .push(", replay_result = ")
+        .push_bind(result.to_string())
+        .push(", claim_token = NULL, claimed_until = NULL WHERE state = 'dead' AND claim_token = ")
+        .push_bind(token.as_bytes().to_vec());
+    push_in(&mut qb, "id", ids);
+    Ok(qb.build().execute(pool).await?.rows_affected())
 }
 
 /// Marks the `dead` rows among `ids` purged (not those a replay holds), or deletes every row of

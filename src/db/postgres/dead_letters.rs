@@ -193,59 +193,60 @@ pub(in crate::db) async fn count_by_kind(
 const CLAIM: &str = "
 UPDATE mailroom_dead_letters
 SET claim_token = $2, claimed_until = now() + make_interval(secs => $3)
-WHERE id = $1 AND state = 'dead' AND (claimed_until IS NULL OR claimed_until < now())";
+WHERE id = ANY($1) AND state = 'dead' AND (claimed_until IS NULL OR claimed_until < now())
+RETURNING id";
 
-/// Claims the `dead` row `id` for the replay `token` for `ttl_secs`, unless another replay
-/// holds a live claim on it; whether this call claimed it.
+/// Claims the `dead` rows among `ids` for the replay `token` for `ttl_secs`, except those
+/// another replay holds a live claim on; the ids this call claimed.
 pub(in crate::db) async fn claim(
     pool: &PgPool,
-    id: i64,
+    ids: &[i64],
     token: &str,
     ttl_secs: f64,
-) -> Result<bool, sqlx::Error> {
-    let done = sqlx::query(CLAIM)
-        .bind(id)
+) -> Result<Vec<i64>, sqlx::Error> {
+    sqlx::query_scalar(CLAIM)
+        .bind(ids)
         .bind(token)
         .bind(ttl_secs)
-        .execute(pool)
-        .await?;
-    Ok(done.rows_affected() == 1)
+        .fetch_all(pool)
+        .await
 }
 
 const MARK_REPLAYED: &str = "
 UPDATE mailroom_dead_letters
 SET state = 'replayed', replayed_at = now(), replayed_by = $2, replay_result = $3,
     settled_at = now(), claim_token = NULL, claimed_until = NULL
-WHERE id = $1 AND state = 'dead' AND claim_token = $4";
+WHERE id = ANY($1) AND state = 'dead' AND claim_token = $4";
 
 const NOTE_REPLAY_FAILED: &str = "
 UPDATE mailroom_dead_letters
 SET replayed_by = $2, replay_result = $3, claim_token = NULL, claimed_until = NULL
-WHERE id = $1 AND state = 'dead' AND claim_token = $4";
+WHERE id = ANY($1) AND state = 'dead' AND claim_token = $4";
 
-/// Marks a `dead` row claimed by `token` replayed (`published`) or notes why its replay failed,
-/// releasing the claim; whether the row was still dead and claimed by `token`.
+/// Marks the `dead` rows among `ids` claimed by `token` replayed (`published`) or notes why
+/// their replay failed, releasing the claims; how many rows were still dead and claimed by
+/// `token`.
 pub(in crate::db) async fn mark_replay(
     pool: &PgPool,
-    id: i64,
+    ids: &[i64],
     token: &str,
     by: &str,
     result: &str,
     published: bool,
-) -> Result<bool, sqlx::Error> {
+) -> Result<u64, sqlx::Error> {
     let sql = if published {
         MARK_REPLAYED
     } else {
         NOTE_REPLAY_FAILED
     };
     let done = sqlx::query(sql)
-        .bind(id)
+        .bind(ids)
         .bind(by)
         .bind(result)
         .bind(token)
         .execute(pool)
         .await?;
-    Ok(done.rows_affected() == 1)
+    Ok(done.rows_affected())
 }
 
 const MARK_PURGED: &str = "

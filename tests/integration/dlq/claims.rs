@@ -104,24 +104,18 @@ async fn a_row_a_live_replay_holds_is_left_to_it_and_a_stale_claim_is_taken_over
     let id_of = |job: &str| page.letters.iter().find(|e| e.job_id == job).unwrap().id;
     let (held, crashed) = (id_of("held"), id_of("crashed"));
     // A replay running elsewhere holds one row; one that crashed left an expired claim.
-    assert!(
-        app.db
-            .claim_dead_letter(held, "live", CLAIM_TTL)
-            .await
-            .unwrap()
+    let claim = |id: i64, token: &'static str, ttl| {
+        let db = app.db.clone();
+        async move { db.claim_dead_letters(&[id], token, ttl).await.unwrap() }
+    };
+    assert_eq!(claim(held, "live", CLAIM_TTL).await, [held]);
+    assert_eq!(
+        claim(crashed, "crashed", std::time::Duration::ZERO).await,
+        [crashed]
     );
-    let expired = std::time::Duration::ZERO;
-    assert!(
-        app.db
-            .claim_dead_letter(crashed, "crashed", expired)
-            .await
-            .unwrap()
-    );
-    assert!(
-        !app.db
-            .claim_dead_letter(held, "third", CLAIM_TTL)
-            .await
-            .unwrap(),
+    assert_eq!(
+        claim(held, "third", CLAIM_TTL).await,
+        [] as [i64; 0],
         "a live claim is not taken"
     );
 
@@ -154,4 +148,61 @@ async fn a_row_a_live_replay_holds_is_left_to_it_and_a_stale_claim_is_taken_over
     };
     assert_eq!(state(held), ("dead".into(), None));
     assert_eq!(state(crashed), ("replayed".into(), Some("ops".into())));
+}
+
+/// A replay goes a page at a time (200 rows): over several pages, every row it claims is
+/// published once and marked, while a row another replay holds and an oversize row on the same
+/// pages stay dead, each counted for what it is.
+#[tokio::test]
+async fn a_replay_over_several_pages_publishes_each_claimed_row_once_and_leaves_the_rest_dead() {
+    const N: usize = 450;
+    let app = TestApp::spawn().await;
+    let mut letters: Vec<_> = (0..N)
+        .map(|i| letter(&app.job(&format!("p-{i}")), "rejected", "550"))
+        .collect();
+    letters[300].body = vec![b'x'; mailroom::dlq::MAX_STORED_BODY + 1];
+    publish_dead(&app, &letters).await;
+    let dlq = table(&app);
+    let held: i64 = app
+        .count("SELECT id FROM mailroom_dead_letters WHERE job_id = 'p-100'")
+        .await;
+    assert_eq!(
+        app.db
+            .claim_dead_letters(&[held], "live", CLAIM_TTL)
+            .await
+            .unwrap(),
+        [held]
+    );
+
+    let mut replayer = replayer(&app, "test replay").await;
+    let report = dlq
+        .replay(&Selection::All, &mut replayer, "ops")
+        .await
+        .unwrap();
+    replayer.close().await;
+
+    assert_eq!(report.examined, N, "{report:?}");
+    assert_eq!(report.moved, N - 2, "{report:?}");
+    assert_eq!(report.claimed_elsewhere, 1, "{report:?}");
+    assert_eq!(report.skipped.get("oversize"), Some(&1), "{report:?}");
+    assert!(report.interrupted.is_none(), "{report:?}");
+    assert_eq!(
+        app.ready_messages().await,
+        (N - 2) as u32,
+        "each published once"
+    );
+    assert_eq!(
+        app.count("SELECT count(*) FROM mailroom_dead_letters WHERE state = 'replayed' AND replayed_by = 'ops' AND replay_result = 'published' AND claim_token IS NULL").await,
+        (N - 2) as i64
+    );
+    assert_eq!(
+        app.count("SELECT count(*) FROM mailroom_dead_letters WHERE state = 'dead' AND replay_result LIKE 'oversize%' AND claim_token IS NULL").await,
+        1,
+        "the oversize row says why and its claim is released"
+    );
+    assert_eq!(
+        app.count(&format!("SELECT count(*) FROM mailroom_dead_letters WHERE id = {held} AND state = 'dead' AND replay_result IS NULL")).await,
+        1,
+        "the held row is left to its replay"
+    );
 }
