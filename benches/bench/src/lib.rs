@@ -26,6 +26,7 @@
 //! argument) it does nothing, so the test suite never runs a benchmark.
 
 mod chart;
+mod dlq;
 mod latency;
 pub mod ledger_cost;
 mod mysql;
@@ -55,6 +56,7 @@ pub enum Only {
     Backlog,
     Paced,
     EndToEnd,
+    Dlq,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -84,6 +86,8 @@ pub struct Opts {
     /// recorder, for working on the cost of an email at low rates; `--only backlog`: only the
     /// worker-only runs into smtp-sink; `--only paced`: one worker-only run, then the worker
     /// path at the fractions of its maximum. Each prints its figures and CPU per email.
+    /// `--only e2e`: the producers alone, end to end at full speed and at the target rate;
+    /// `--only dlq`: N dead letters ingested, then replayed.
     pub only: Option<Only>,
 }
 
@@ -127,8 +131,11 @@ impl Opts {
                     "backlog" => opts.only = Some(Only::Backlog),
                     "paced" => opts.only = Some(Only::Paced),
                     "e2e" => opts.only = Some(Only::EndToEnd),
+                    "dlq" => opts.only = Some(Only::Dlq),
                     other => {
-                        anyhow::bail!("--only {other:?}: `recorder`, `backlog`, `paced` or `e2e`")
+                        anyhow::bail!(
+                            "--only {other:?}: `recorder`, `backlog`, `paced`, `e2e` or `dlq`"
+                        )
                     }
                 },
                 "--workers" => {
@@ -140,7 +147,7 @@ impl Opts {
                 }
                 "--help" | "-h" => {
                     println!(
-                        "cargo bench --bench bench -- [--quick] [--n 20000] [--out target/bench] [--workers 1,2,4] [--only recorder|backlog|paced|e2e] [--paced-secs 5]"
+                        "cargo bench --bench bench -- [--quick] [--n 20000] [--out target/bench] [--workers 1,2,4] [--only recorder|backlog|paced|e2e|dlq] [--paced-secs 5]"
                     );
                     std::process::exit(0);
                 }
@@ -173,6 +180,8 @@ pub struct Results {
     /// One worker, one job at a time ([`workers::one_at_a_time`]).
     pub one_at_a_time: workers::PacedRun,
     pub relay: relay::RelayFigures,
+    /// N dead letters ingested, then replayed ([`dlq::run`]).
+    pub dlq: dlq::DlqRun,
 }
 
 /// The `mailroom` under test: its binary (Cargo builds it for the `bench` target of the
@@ -343,6 +352,11 @@ async fn run(opts: Opts) -> anyhow::Result<()> {
         }
         return Ok(());
     }
+    if opts.only == Some(Only::Dlq) {
+        let run = dlq::run(&services, opts.n).await?;
+        println!("{}", report::dlq_line(&run));
+        return Ok(());
+    }
     if opts.only == Some(Only::EndToEnd) {
         let alone = relay::outbox_commits_in(
             &services,
@@ -361,6 +375,23 @@ async fn run(opts: Opts) -> anyhow::Result<()> {
             alone.rate("none"),
             alone.modes.first().map_or(0.0, |m| m.server_us_per_commit),
             run.emails_per_s / alone.rate("none").max(1.0),
+            report::incomplete(run.sent, run.n, run.complete),
+            report::end_to_end_cost(&run)
+        );
+        let rate = opts.target_rate;
+        let n = ((rate * opts.paced_secs).round() as usize).max(10);
+        let run = relay::end_to_end(
+            &services,
+            &sink,
+            &format!("e2e-{}", rate.round()),
+            Some(rate),
+            n,
+            &logs,
+        )
+        .await?;
+        println!(
+            "end to end at {rate:.0}/s ({n} jobs): commit → accepted+recorded p50 / p95 / p99 {}{}\n{}",
+            run.latency.triple(),
             report::incomplete(run.sent, run.n, run.complete),
             report::end_to_end_cost(&run)
         );
@@ -515,6 +546,9 @@ async fn run(opts: Opts) -> anyhow::Result<()> {
         run.label = label;
         end_to_end_paced.push(run);
     }
+    step(&format!("dead letters: {} ingested, then replayed", opts.n));
+    let dlq = dlq::run(&services, opts.n).await?;
+    step(&format!("  {}", report::dlq_line(&dlq)));
     let relay = relay::RelayFigures {
         producers: relay::PRODUCERS,
         outbox_commits,
@@ -541,6 +575,7 @@ async fn run(opts: Opts) -> anyhow::Result<()> {
         paced_runs,
         one_at_a_time,
         relay,
+        dlq,
     };
     let table = report::table(&results);
     println!("{table}");

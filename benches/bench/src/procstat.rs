@@ -227,6 +227,8 @@ pub struct PgSessions(HashMap<u32, (String, f64)>);
 fn pg_client(application_name: &str, backend_type: &str) -> &'static str {
     if application_name.starts_with("mailroom worker") {
         "worker"
+    } else if application_name.starts_with("mailroom relay") && backend_type == "walsender" {
+        "relay's WAL stream"
     } else if application_name.starts_with("mailroom relay") {
         "relay"
     } else if application_name == "mailroom bench"
@@ -294,7 +296,7 @@ mod tests {
         assert_eq!(pg_client("mailroom relay", "client backend"), "relay");
         assert_eq!(
             pg_client("mailroom relay (WAL wake-up)", "walsender"),
-            "relay"
+            "relay's WAL stream"
         );
         assert_eq!(pg_client("", "client backend"), "producers and bench");
         assert_eq!(

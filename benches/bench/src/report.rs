@@ -445,6 +445,15 @@ pub fn table(r: &Results) -> String {
         lat_ratio(&one.split.after_claim, inside_floor_ms(r))
     );
     relay_rows(&mut t, r, &limit_text);
+    let _ = writeln!(
+        t,
+        "| **dead letters**: {} letters ingested from the dead-letter queue, then all replayed (republished with confirms, marked): rows/s | ingest {} / replay {} | RabbitMQ {}/s | {:.2} |",
+        thousands(r.dlq.n as f64),
+        thousands(r.dlq.ingest_rows_per_s),
+        thousands(r.dlq.replay_rows_per_s),
+        thousands(r.raw_broker.rate),
+        r.dlq.replay_rows_per_s / r.raw_broker.rate
+    );
     let _ = writeln!(t);
     let _ = writeln!(t, "{}", saturation(r));
     let _ = writeln!(
@@ -763,4 +772,15 @@ pub fn saturation(r: &Results) -> String {
         );
     }
     out
+}
+
+/// The line `--only dlq` prints.
+pub fn dlq_line(d: &crate::dlq::DlqRun) -> String {
+    format!(
+        "dead letters: {} ingested at {} rows/s, then {} replayed at {} rows/s",
+        d.n,
+        thousands(d.ingest_rows_per_s),
+        d.moved,
+        thousands(d.replay_rows_per_s)
+    )
 }
