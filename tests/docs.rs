@@ -178,3 +178,55 @@ fn every_metric_the_server_serves_is_in_the_metrics_reference_and_nothing_else_i
         "in docs/METRICS.md, served nowhere: {invented:?}"
     );
 }
+
+/// `text` with `///` and every run of whitespace made one space: a phrase reads the same
+/// wherever a comment or a paragraph wraps it.
+fn flowing(text: &str) -> String {
+    text.replace("///", " ")
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+#[test]
+fn the_record_linger_is_written_as_its_value_wherever_it_is_named() {
+    let ms = mailroom::db::group::RECORD_LINGER.as_millis();
+    let places = [
+        (
+            "src/cli/worker.rs",
+            format!("a result waits up to {ms} ms for the next claim"),
+        ),
+        (
+            "src/http/metrics/worker.rs",
+            format!("waited (at most {ms} ms) for a claim"),
+        ),
+        (
+            "docs/METRICS.md",
+            format!("waited (at most {ms} ms) for a claim"),
+        ),
+        (
+            "docs/GUARANTEES.md",
+            format!("wait up to {ms} ms for the next claim"),
+        ),
+        (
+            "docs/GUARANTEES.md",
+            format!("the next one is due within those {ms} ms"),
+        ),
+        (
+            "docs/GUARANTEES.md",
+            format!("lengthens window W1 (below) by at most {ms} ms"),
+        ),
+        (
+            "docs/OPERATING.md",
+            format!("no record waits up to {ms} ms for a claim"),
+        ),
+    ];
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    for (file, phrase) in places {
+        let text = flowing(&fs::read_to_string(root.join(file)).unwrap());
+        assert!(
+            text.contains(&phrase),
+            "{file} should say {phrase:?} (RECORD_LINGER is {ms} ms)"
+        );
+    }
+}
