@@ -9,13 +9,16 @@ pub use super::rows::{DeadLetterRow, GroupRow, LetterQuery, NewDeadLetter, like_
 use super::{Database, mysql, postgres};
 
 impl Database {
-    /// Stores an ingested letter, once: a letter stored before (same key) is not stored again.
-    /// Its row id, and whether this call stored it. Any error other than the duplicate key is
-    /// returned (the caller must not ack the letter then).
-    pub async fn insert_dead_letter(&self, letter: &NewDeadLetter) -> sqlx::Result<(i64, bool)> {
+    /// Stores ingested letters in one transaction, each once: a letter stored before (same
+    /// key) is not stored again. Each one's row id, and whether this call stored it. Any error
+    /// other than a duplicate key fails them all (the caller must not ack them then).
+    pub async fn insert_dead_letters(
+        &self,
+        letters: &[NewDeadLetter],
+    ) -> sqlx::Result<Vec<(i64, bool)>> {
         match self {
-            Database::Postgres(pool) => postgres::dead_letters::insert(pool, letter).await,
-            Database::MySql(pool) => mysql::dead_letters::insert(pool, letter).await,
+            Database::Postgres(pool) => postgres::dead_letters::insert(pool, letters).await,
+            Database::MySql(pool) => mysql::dead_letters::insert(pool, letters).await,
         }
     }
 

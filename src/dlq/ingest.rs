@@ -1,7 +1,10 @@
 //! Ingesting `<ns>.dead` into `mailroom_dead_letters`: a consumer with manual acks that stores
-//! each letter ([`stored::new_letter`]) and acks it only after its row commits. A crash
-//! between the two redelivers the letter, and the idempotent insert (the letter's key) makes it
-//! one row still; nothing is lost between the queue and the table.
+//! each letter ([`stored::new_letter`]) and acks it only after its row commits. Letters that
+//! have arrived together are stored in one transaction (up to [`GROUP`], and bodies up to
+//! [`stored::MAX_STORED_BODY`] in all) and acked with one `basic.ack`; a group the database
+//! does not take whole is stored letter by letter. A crash between the commit and the ack
+//! redelivers the letters, and the idempotent insert (the letter's key) makes each one row
+//! still; nothing is lost between the queue and the table.
 //!
 //! Where it runs: every `mailroom worker` process, and `serve` and `run`, as competing
 //! consumers of `<ns>.dead` ([`Ingester::run`]): wherever dead letters are made or browsed,
@@ -28,6 +31,7 @@ use super::{DeadLetters, stored};
 use crate::broker::{self, Topology};
 use crate::config::UrlList;
 use crate::db::Database;
+use crate::db::dead_letters::NewDeadLetter;
 
 pub use session::Ingester;
 
@@ -62,15 +66,27 @@ pub struct Drained {
     pub duplicates: usize,
 }
 
-/// Stores one letter (not acking it). A value the database refuses (a data error) is stored
-/// again with only the head of the body, so one odd letter never blocks the queue.
-pub async fn store(db: &Database, d: &Delivery) -> Result<Stored, NotStored> {
-    let mut row = stored::new_letter(d);
+/// Letters stored in one transaction at most.
+pub const GROUP: usize = 100;
+
+/// The row of a letter; an oversize one is logged.
+fn row_of(d: &Delivery) -> NewDeadLetter {
+    let row = stored::new_letter(d);
     if row.body_size > row.body.len() as i64 {
         tracing::error!(job_id = %row.job_id, kind = %row.kind, size = row.body_size,
             "oversize dead letter: its row keeps only the first {} bytes of the body", row.body.len());
     }
-    let mut result = db.insert_dead_letter(&row).await;
+    row
+}
+
+/// Stores one letter (not acking it). A value the database refuses (a data error) is stored
+/// again with only the head of the body, so one odd letter never blocks the queue.
+pub async fn store(db: &Database, d: &Delivery) -> Result<Stored, NotStored> {
+    store_row(db, row_of(d)).await
+}
+
+async fn store_row(db: &Database, mut row: NewDeadLetter) -> Result<Stored, NotStored> {
+    let mut result = db.insert_dead_letters(std::slice::from_ref(&row)).await;
     if let Err(e) = &result
         && crate::db::is_data_error(e)
     {
@@ -78,11 +94,12 @@ pub async fn store(db: &Database, d: &Delivery) -> Result<Stored, NotStored> {
             "dead letter refused by the database; storing it with only the head of its body");
         row.body.truncate(stored::OVERSIZE_KEPT.min(row.body.len()));
         row.body_size = row.body_size.max(stored::MAX_STORED_BODY as i64 + 1);
-        result = db.insert_dead_letter(&row).await;
+        result = db.insert_dead_letters(std::slice::from_ref(&row)).await;
     }
-    match result {
-        Ok((_, true)) => Ok(Stored::New),
-        Ok((_, false)) => Ok(Stored::Again),
+    match result.map(|stored| stored.first().map(|&(_, new)| new)) {
+        Ok(Some(true)) => Ok(Stored::New),
+        Ok(Some(false)) => Ok(Stored::Again),
+        Ok(None) => unreachable!("one letter in, one answer out"),
         Err(source) => Err(NotStored {
             job_id: row.job_id,
             source,
@@ -90,21 +107,57 @@ pub async fn store(db: &Database, d: &Delivery) -> Result<Stored, NotStored> {
     }
 }
 
-/// Stores one letter, then acks it.
-async fn take(db: &Database, d: &Delivery) -> anyhow::Result<Stored> {
-    let stored = store(db, d).await?;
+/// Stores letters (not acking them): all in one transaction, or, when that fails (a value the
+/// database refuses, two ingesters' groups in a deadlock, the database down), each on its own
+/// as [`store`] does, so one odd letter never blocks the others.
+async fn store_all(db: &Database, letters: &[Delivery]) -> Result<Vec<Stored>, NotStored> {
+    let rows: Vec<NewDeadLetter> = letters.iter().map(row_of).collect();
+    if rows.len() > 1 {
+        match db.insert_dead_letters(&rows).await {
+            Ok(stored) => {
+                return Ok(stored
+                    .into_iter()
+                    .map(|(_, new)| if new { Stored::New } else { Stored::Again })
+                    .collect());
+            }
+            Err(e) => tracing::debug!(error = %e, letters = rows.len(),
+                "a group of dead letters was not stored together; storing each on its own"),
+        }
+    }
+    let mut stored = Vec::with_capacity(rows.len());
+    for row in rows {
+        stored.push(store_row(db, row).await?);
+    }
+    Ok(stored)
+}
+
+/// Stores letters delivered in order on one channel, then acks them with one `basic.ack`
+/// (`multiple`, up to the last): every earlier delivery of the channel is acked already.
+async fn take(db: &Database, letters: &[Delivery]) -> anyhow::Result<Vec<Stored>> {
+    let Some(last) = letters.last() else {
+        return Ok(vec![]);
+    };
+    let stored = store_all(db, letters).await?;
     crate::failpoint::hit(AFTER_INSERT).await;
-    match d.ack(BasicAckOptions::default()).await {
+    let multiple = BasicAckOptions { multiple: true };
+    match last.ack(multiple).await {
         Ok(true) => Ok(stored),
         Ok(false) => anyhow::bail!(
-            "the channel closed before the ack (the letter is stored; its redelivery is one row)"
+            "the channel closed before the ack (the letters are stored; a redelivery is one row)"
         ),
-        Err(e) => Err(e).context("acking a stored dead letter"),
+        Err(e) => Err(e).context("acking stored dead letters"),
     }
 }
 
-/// Takes every letter that is in `<ns>.dead` now into the table, then returns: the one-shot
-/// `mailroom dlq ingest`. Letters arriving meanwhile may be left for the next run.
+/// Whether a group holding `letters` (their bodies `bytes` in all) takes no more: [`GROUP`]
+/// letters, or bodies that reach [`stored::MAX_STORED_BODY`], the most one transaction writes.
+fn group_is_full(letters: usize, bytes: usize) -> bool {
+    letters >= GROUP || bytes >= stored::MAX_STORED_BODY
+}
+
+/// Takes every letter that is in `<ns>.dead` now into the table, in groups, then returns: the
+/// one-shot `mailroom dlq ingest`. Letters arriving meanwhile are taken too, up to a group
+/// more; beyond that they are left for the next run.
 pub async fn drain(urls: &UrlList, topology: &Topology, db: &Database) -> anyhow::Result<Drained> {
     let conn = broker::connect(urls, "mailroom dlq ingest").await?;
     let result = async {
@@ -120,15 +173,35 @@ pub async fn drain(urls: &UrlList, topology: &Topology, db: &Database) -> anyhow
             .with_context(|| format!("reading queue {queue}"))?
             .message_count();
         let mut done = Drained::default();
-        for _ in 0..ready {
-            let got = ch
-                .basic_get(queue.into(), BasicGetOptions { no_ack: false })
-                .await
-                .with_context(|| format!("reading from {queue}"))?;
-            let Some(message) = got else { break };
-            match take(db, &message.delivery).await? {
-                Stored::New => done.ingested += 1,
-                Stored::Again => done.duplicates += 1,
+        // Letters that arrive meanwhile are taken too, up to a group more.
+        let bound = usize::try_from(ready)
+            .unwrap_or(usize::MAX)
+            .saturating_add(GROUP);
+        let mut taken = 0;
+        while taken < bound {
+            let (mut group, mut bytes) = (Vec::new(), 0);
+            while taken + group.len() < bound && !group_is_full(group.len(), bytes) {
+                let got = ch
+                    .basic_get(queue.into(), BasicGetOptions { no_ack: false })
+                    .await
+                    .with_context(|| format!("reading from {queue}"))?;
+                let Some(message) = got else { break };
+                bytes += message.delivery.data.len();
+                group.push(message.delivery);
+            }
+            // A quorum queue may drop acks still pending when the channel closes, and hand
+            // their letters back (rabbitmq-server#10327). It applies one channel's commands in
+            // order, so a basic.get answered after the acks were sent means they were applied:
+            // the drain ends on a get that finds the queue empty, after every ack before it.
+            if group.is_empty() {
+                break;
+            }
+            taken += group.len();
+            for stored in take(db, &group).await? {
+                match stored {
+                    Stored::New => done.ingested += 1,
+                    Stored::Again => done.duplicates += 1,
+                }
             }
         }
         // The acks are frames on this channel: its Close-Ok comes after the broker handled

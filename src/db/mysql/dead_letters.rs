@@ -6,7 +6,7 @@
 
 use chrono::{DateTime, Utc};
 use sqlx::mysql::{MySqlDatabaseError, MySqlRow};
-use sqlx::{MySql, MySqlPool, QueryBuilder, Row};
+use sqlx::{MySql, MySqlConnection, MySqlPool, QueryBuilder, Row};
 
 use crate::db::rows::{DeadLetterRow, GroupRow, LetterQuery, NewDeadLetter, like_pattern};
 
@@ -19,7 +19,10 @@ INSERT INTO mailroom_dead_letters
      attempts, failed_at, replays, exchange, routing_key, properties, body, body_size)
 VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)";
 
-const ID_OF_KEY: &str = "SELECT id FROM mailroom_dead_letters WHERE letter_key = ?";
+/// A locking read: inside a group's transaction it sees the row another ingester committed
+/// after the transaction's snapshot (the one its duplicate key ran into).
+const ID_OF_KEY: &str =
+    "SELECT id FROM mailroom_dead_letters WHERE letter_key = ? LOCK IN SHARE MODE";
 
 const COLUMNS: &str = "id, job_id, kind, recipient, recipients, class, reason, reason_group, \
     group_key, attempts, failed_at, replays, exchange, routing_key, body_size, ingested_at, \
@@ -33,9 +36,24 @@ fn is_duplicate_key(e: &sqlx::Error) -> bool {
         if db.try_downcast_ref::<MySqlDatabaseError>().is_some_and(|m| m.number() == ER_DUP_ENTRY))
 }
 
-/// Stores a letter unless its key is there; its row id, and whether this call inserted it.
+/// Stores letters in one transaction, each unless its key is there; each one's row id, and
+/// whether this call inserted it. A duplicate key fails only its statement in InnoDB, so the
+/// transaction goes on.
 pub(in crate::db) async fn insert(
     pool: &MySqlPool,
+    letters: &[NewDeadLetter],
+) -> Result<Vec<(i64, bool)>, sqlx::Error> {
+    let mut tx = pool.begin().await?;
+    let mut stored = Vec::with_capacity(letters.len());
+    for l in letters {
+        stored.push(insert_one(&mut tx, l).await?);
+    }
+    tx.commit().await?;
+    Ok(stored)
+}
+
+async fn insert_one(
+    conn: &mut MySqlConnection,
     l: &NewDeadLetter,
 ) -> Result<(i64, bool), sqlx::Error> {
     let done = sqlx::query(INSERT)
@@ -56,7 +74,7 @@ pub(in crate::db) async fn insert(
         .bind(&l.properties)
         .bind(&l.body)
         .bind(l.body_size)
-        .execute(pool)
+        .execute(&mut *conn)
         .await;
     match done {
         Ok(done) => Ok((
@@ -66,7 +84,7 @@ pub(in crate::db) async fn insert(
         Err(e) if is_duplicate_key(&e) => {
             let id = sqlx::query_scalar(ID_OF_KEY)
                 .bind(&l.letter_key)
-                .fetch_one(pool)
+                .fetch_one(&mut *conn)
                 .await?;
             Ok((id, false))
         }

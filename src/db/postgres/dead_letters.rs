@@ -4,7 +4,7 @@
 
 use chrono::{DateTime, Utc};
 use sqlx::postgres::PgRow;
-use sqlx::{PgPool, Postgres, QueryBuilder, Row};
+use sqlx::{PgConnection, PgPool, Postgres, QueryBuilder, Row};
 
 use crate::db::rows::{DeadLetterRow, GroupRow, LetterQuery, NewDeadLetter, like_pattern};
 
@@ -25,9 +25,23 @@ const COLUMNS: &str = "id, job_id, kind, recipient, recipients, class, reason, r
 /// When a letter failed, or, without a failure time, when it was ingested.
 const SEEN: &str = "COALESCE(failed_at, ingested_at)";
 
-/// Stores a letter unless its key is there; its row id, and whether this call inserted it.
+/// Stores letters in one transaction, each unless its key is there; each one's row id, and
+/// whether this call inserted it.
 pub(in crate::db) async fn insert(
     pool: &PgPool,
+    letters: &[NewDeadLetter],
+) -> Result<Vec<(i64, bool)>, sqlx::Error> {
+    let mut tx = pool.begin().await?;
+    let mut stored = Vec::with_capacity(letters.len());
+    for l in letters {
+        stored.push(insert_one(&mut tx, l).await?);
+    }
+    tx.commit().await?;
+    Ok(stored)
+}
+
+async fn insert_one(
+    conn: &mut PgConnection,
     l: &NewDeadLetter,
 ) -> Result<(i64, bool), sqlx::Error> {
     let inserted: Option<i64> = sqlx::query_scalar(INSERT)
@@ -48,14 +62,14 @@ pub(in crate::db) async fn insert(
         .bind(&l.properties)
         .bind(&l.body)
         .bind(l.body_size)
-        .fetch_optional(pool)
+        .fetch_optional(&mut *conn)
         .await?;
     if let Some(id) = inserted {
         return Ok((id, true));
     }
     let id = sqlx::query_scalar(ID_OF_KEY)
         .bind(&l.letter_key)
-        .fetch_one(pool)
+        .fetch_one(&mut *conn)
         .await?;
     Ok((id, false))
 }
