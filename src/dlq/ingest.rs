@@ -1,8 +1,8 @@
 //! Ingesting `<ns>.dead` into `mailroom_dead_letters`: a consumer with manual acks that stores
 //! each letter ([`stored::new_letter`]) and acks it only after its row commits. Letters that
-//! have arrived together are stored in one transaction (up to [`GROUP`], and bodies up to
-//! [`stored::MAX_STORED_BODY`] in all) and acked with one `basic.ack`; a group the database
-//! does not take whole is stored letter by letter. A crash between the commit and the ack
+//! have arrived together are stored in one transaction and acked with one `basic.ack` (up to
+//! [`GROUP`] letters; a group takes no more once its bodies reach [`stored::MAX_STORED_BODY`]);
+//! a group the database does not take whole is stored letter by letter. A crash between the commit and the ack
 //! redelivers the letters, and the idempotent insert (the letter's key) makes each one row
 //! still; nothing is lost between the queue and the table.
 //!
@@ -79,12 +79,9 @@ fn row_of(d: &Delivery) -> NewDeadLetter {
     row
 }
 
-/// Stores one letter (not acking it). A value the database refuses (a data error) is stored
-/// again with only the head of the body, so one odd letter never blocks the queue.
-pub async fn store(db: &Database, d: &Delivery) -> Result<Stored, NotStored> {
-    store_row(db, row_of(d)).await
-}
-
+/// Stores one letter's row (not acking the letter). A value the database refuses (a data
+/// error) is stored again with only the head of the body, so one odd letter never blocks the
+/// queue.
 async fn store_row(db: &Database, mut row: NewDeadLetter) -> Result<Stored, NotStored> {
     let mut result = db.insert_dead_letters(std::slice::from_ref(&row)).await;
     if let Err(e) = &result
@@ -109,7 +106,7 @@ async fn store_row(db: &Database, mut row: NewDeadLetter) -> Result<Stored, NotS
 
 /// Stores letters (not acking them): all in one transaction, or, when that fails (a value the
 /// database refuses, two ingesters' groups in a deadlock, the database down), each on its own
-/// as [`store`] does, so one odd letter never blocks the others.
+/// as [`store_row`] does, so one odd letter never blocks the others.
 async fn store_all(db: &Database, letters: &[Delivery]) -> Result<Vec<Stored>, NotStored> {
     let rows: Vec<NewDeadLetter> = letters.iter().map(row_of).collect();
     if rows.len() > 1 {
@@ -150,7 +147,10 @@ async fn take(db: &Database, letters: &[Delivery]) -> anyhow::Result<Vec<Stored>
 }
 
 /// Whether a group holding `letters` (their bodies `bytes` in all) takes no more: [`GROUP`]
-/// letters, or bodies that reach [`stored::MAX_STORED_BODY`], the most one transaction writes.
+/// letters, or bodies that reach [`stored::MAX_STORED_BODY`], the share of InnoDB's redo log
+/// one transaction is meant to write. The letter that reaches it still goes in, so a group of
+/// large letters can write up to twice that; one the database refuses is stored letter by
+/// letter.
 fn group_is_full(letters: usize, bytes: usize) -> bool {
     letters >= GROUP || bytes >= stored::MAX_STORED_BODY
 }

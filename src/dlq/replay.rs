@@ -15,6 +15,8 @@
 //! again: at-least-once, and harmless, because the worker's ledger claims `(job_id, kind)` once
 //! and a `sent` row is never sent again.
 
+use std::collections::BTreeMap;
+
 use anyhow::Context;
 use lapin::{Channel, Connection};
 use serde::Serialize;
@@ -140,8 +142,8 @@ impl DeadLetters {
                     return anyhow::Ok(());
                 };
                 q.before = Some(last.id);
-                report.examined += rows.len();
                 replayer.ready().await?;
+                report.examined += rows.len();
                 let ids: Vec<i64> = rows.iter().map(|r| r.id).collect();
                 let claimed = self
                     .db
@@ -163,7 +165,7 @@ impl DeadLetters {
     }
 
     /// Publishes the claimed rows of one page and marks them: the published ones replayed in
-    /// one statement, each failed one with why (it stays dead).
+    /// one statement, the failed ones with why (they stay dead), one statement per reason.
     async fn replay_page(
         &self,
         rows: &[&DeadLetterRow],
@@ -206,13 +208,21 @@ impl DeadLetters {
         }
         report.moved += published.len();
         report.ids.extend(&published);
+        // One statement per reason: a broker that fails mid-page fails its rows alike.
+        let mut by_reason: BTreeMap<String, Vec<&DeadLetterRow>> = BTreeMap::new();
         for (r, why) in failed {
+            by_reason.entry(why).or_default().push(r);
+        }
+        for (why, rows) in by_reason {
+            let ids: Vec<i64> = rows.iter().map(|r| r.id).collect();
             self.db
-                .mark_dead_letters_replay(&[r.id], token, by, &why, false)
+                .mark_dead_letters_replay(&ids, token, by, &why, false)
                 .await
-                .with_context(|| format!("noting why dead letter {} was not replayed", r.id))?;
-            tracing::warn!(id = r.id, job_id = %r.job_id, kind = %r.kind, "replay: {why}; the row stays dead");
-            report.skip(why.split(':').next().unwrap_or_default());
+                .with_context(|| format!("noting why dead letters {ids:?} were not replayed"))?;
+            for r in rows {
+                tracing::warn!(id = r.id, job_id = %r.job_id, kind = %r.kind, "replay: {why}; the row stays dead");
+                report.skip(why.split(':').next().unwrap_or_default());
+            }
         }
         Ok(())
     }

@@ -206,3 +206,44 @@ async fn a_replay_over_several_pages_publishes_each_claimed_row_once_and_leaves_
         "the held row is left to its replay"
     );
 }
+
+/// Publishes that fail mid-replay (the work queue is gone, so every copy comes back
+/// unroutable) leave every row of every page dead with the reason and its claim released, so
+/// the next replay, once the queue is back, takes them all.
+#[tokio::test]
+async fn rows_whose_publish_fails_stay_dead_with_the_reason_and_the_next_replay_takes_them() {
+    const N: usize = 250;
+    let app = TestApp::spawn().await;
+    let letters: Vec<_> = (0..N)
+        .map(|i| letter(&app.job(&format!("u-{i}")), "rejected", "550"))
+        .collect();
+    publish_dead(&app, &letters).await;
+    let dlq = table(&app);
+
+    let mut first = replayer(&app, "test replay").await;
+    app.delete_work_queue().await;
+    let report = dlq
+        .replay(&Selection::All, &mut first, "ops")
+        .await
+        .unwrap();
+    first.close().await;
+    assert_eq!((report.examined, report.moved), (N, 0), "{report:?}");
+    assert_eq!(report.skipped.get("publish failed"), Some(&N), "{report:?}");
+    assert!(report.interrupted.is_none(), "{report:?}");
+    assert_eq!(
+        app.count("SELECT count(*) FROM mailroom_dead_letters WHERE state = 'dead' AND replay_result LIKE 'publish failed: no queue is bound%' AND replayed_by = 'ops' AND claim_token IS NULL").await,
+        N as i64,
+        "each row says why, and its claim is released"
+    );
+
+    // Connecting declares the topology again: the queue is back.
+    let mut again = replayer(&app, "test replay again").await;
+    let report = dlq
+        .replay(&Selection::All, &mut again, "ops")
+        .await
+        .unwrap();
+    again.close().await;
+    assert_eq!(report.moved, N, "{report:?}");
+    assert_eq!(app.ready_messages().await, N as u32);
+    assert_eq!(app.dead_count().await, 0);
+}
