@@ -3,7 +3,7 @@
 //! crashed expires, so the row is replayable again.
 
 use mailroom::config::UrlList;
-use mailroom::dlq::{CLAIM_TTL, Filter, Replayer, Selection, States, seal};
+use mailroom::dlq::{CLAIM_TTL, Filter, Replayer, Report, Selection, States, seal};
 
 use super::{letter, publish_dead, table};
 use crate::helpers::*;
@@ -17,6 +17,16 @@ async fn replayer(app: &TestApp, name: &str) -> Replayer {
     Replayer::connect(&urls, &app.topology, name, key)
         .await
         .unwrap()
+}
+
+/// Replays every dead row through `replayer` as `ops`, then closes it.
+async fn replay_all(app: &TestApp, mut replayer: Replayer) -> Report {
+    let report = table(app)
+        .replay(&Selection::All, &mut replayer, "ops")
+        .await
+        .unwrap();
+    replayer.close().await;
+    report
 }
 
 /// `moved N` of the CLI's report line.
@@ -124,12 +134,7 @@ async fn a_row_a_live_replay_holds_is_left_to_it_and_a_stale_claim_is_taken_over
         .await
         .unwrap();
     assert_eq!(purged.purged, 0, "a purge leaves a row a replay holds");
-    let mut replayer = replayer(&app, "test replay").await;
-    let report = dlq
-        .replay(&Selection::All, &mut replayer, "ops")
-        .await
-        .unwrap();
-    replayer.close().await;
+    let report = replay_all(&app, replayer(&app, "test replay").await).await;
     assert_eq!(
         (report.moved, report.claimed_elsewhere),
         (1, 1),
@@ -162,7 +167,6 @@ async fn a_replay_over_several_pages_publishes_each_claimed_row_once_and_leaves_
         .collect();
     letters[300].body = vec![b'x'; mailroom::dlq::MAX_STORED_BODY + 1];
     publish_dead(&app, &letters).await;
-    let dlq = table(&app);
     let held: i64 = app
         .count("SELECT id FROM mailroom_dead_letters WHERE job_id = 'p-100'")
         .await;
@@ -174,12 +178,7 @@ async fn a_replay_over_several_pages_publishes_each_claimed_row_once_and_leaves_
         [held]
     );
 
-    let mut replayer = replayer(&app, "test replay").await;
-    let report = dlq
-        .replay(&Selection::All, &mut replayer, "ops")
-        .await
-        .unwrap();
-    replayer.close().await;
+    let report = replay_all(&app, replayer(&app, "test replay").await).await;
 
     assert_eq!(report.examined, N, "{report:?}");
     assert_eq!(report.moved, N - 2, "{report:?}");
@@ -218,15 +217,10 @@ async fn rows_whose_publish_fails_stay_dead_with_the_reason_and_the_next_replay_
         .map(|i| letter(&app.job(&format!("u-{i}")), "rejected", "550"))
         .collect();
     publish_dead(&app, &letters).await;
-    let dlq = table(&app);
 
-    let mut first = replayer(&app, "test replay").await;
+    let first = replayer(&app, "test replay").await;
     app.delete_work_queue().await;
-    let report = dlq
-        .replay(&Selection::All, &mut first, "ops")
-        .await
-        .unwrap();
-    first.close().await;
+    let report = replay_all(&app, first).await;
     assert_eq!((report.examined, report.moved), (N, 0), "{report:?}");
     assert_eq!(report.skipped.get("publish failed"), Some(&N), "{report:?}");
     assert!(report.interrupted.is_none(), "{report:?}");
@@ -237,12 +231,7 @@ async fn rows_whose_publish_fails_stay_dead_with_the_reason_and_the_next_replay_
     );
 
     // Connecting declares the topology again: the queue is back.
-    let mut again = replayer(&app, "test replay again").await;
-    let report = dlq
-        .replay(&Selection::All, &mut again, "ops")
-        .await
-        .unwrap();
-    again.close().await;
+    let report = replay_all(&app, replayer(&app, "test replay again").await).await;
     assert_eq!(report.moved, N, "{report:?}");
     assert_eq!(app.ready_messages().await, N as u32);
     assert_eq!(app.dead_count().await, 0);
