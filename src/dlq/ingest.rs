@@ -11,9 +11,12 @@
 //! with no extra process to deploy, and any one of them is enough. `mailroom dlq ingest`
 //! ([`drain`]) takes what is there once and exits, for cron, operators and tests.
 //!
-//! A database outage pauses ingesting: the letter in hand is not acked, the channel closes (the
-//! broker keeps every letter), one WARN line says so, and the database is probed with backoff
-//! until it answers; then ingesting resumes (one INFO line). An oversize letter (body above
+//! A database outage (or a database that refuses the rows) pauses ingesting: the letters in
+//! hand are held, neither acked nor handed back, and stored again with backoff until the
+//! database takes them (one WARN line when the pause begins, one INFO when it ends). A letter
+//! handed back is a delivery spent, and on RabbitMQ 4 a quorum queue drops a message after its
+//! delivery limit (20 unless a policy lifts it; `<ns>.dead` has nowhere to dead-letter it), so
+//! letters go back only when a process stops, with a `basic.nack` ([`hand_back`]). An oversize letter (body above
 //! [`stored::MAX_STORED_BODY`]) is stored with the head of its body and its size, logged as an
 //! ERROR, and acked: the queue never sticks on it and its row says what was cut.
 
@@ -22,8 +25,9 @@ mod session;
 use std::time::Duration;
 
 use anyhow::Context;
+use lapin::Channel;
 use lapin::message::Delivery;
-use lapin::options::{BasicAckOptions, BasicGetOptions, QueueDeclareOptions};
+use lapin::options::{BasicAckOptions, BasicGetOptions, BasicNackOptions, QueueDeclareOptions};
 use lapin::types::FieldTable;
 use serde::Serialize;
 
@@ -104,13 +108,17 @@ async fn store_row(db: &Database, mut row: NewDeadLetter) -> Result<Stored, NotS
     }
 }
 
-/// Stores letters (not acking them): all in one transaction, or, when that fails (a value the
-/// database refuses, two ingesters' groups in a deadlock, the database down), each on its own
-/// as [`store_row`] does, so one odd letter never blocks the others.
-async fn store_all(db: &Database, letters: &[Delivery]) -> Result<Vec<Stored>, NotStored> {
-    let rows: Vec<NewDeadLetter> = letters.iter().map(row_of).collect();
+/// The rows of letters, each oversize one logged once.
+fn rows_of(letters: &[Delivery]) -> Vec<NewDeadLetter> {
+    letters.iter().map(row_of).collect()
+}
+
+/// Stores rows (not acking their letters): all in one transaction, or, when that fails (a value
+/// the database refuses, two ingesters' groups in a deadlock, the database down), each on its
+/// own as [`store_row`] does, so one odd letter never blocks the others.
+async fn store_all(db: &Database, rows: &[NewDeadLetter]) -> Result<Vec<Stored>, NotStored> {
     if rows.len() > 1 {
-        match db.insert_dead_letters(&rows).await {
+        match db.insert_dead_letters(rows).await {
             Ok(stored) => {
                 return Ok(stored
                     .into_iter()
@@ -123,27 +131,38 @@ async fn store_all(db: &Database, letters: &[Delivery]) -> Result<Vec<Stored>, N
     }
     let mut stored = Vec::with_capacity(rows.len());
     for row in rows {
-        stored.push(store_row(db, row).await?);
+        stored.push(store_row(db, row.clone()).await?);
     }
     Ok(stored)
 }
 
-/// Stores letters delivered in order on one channel, then acks them with one `basic.ack`
-/// (`multiple`, up to the last): every earlier delivery of the channel is acked already.
-async fn take(db: &Database, letters: &[Delivery]) -> anyhow::Result<Vec<Stored>> {
+/// Acks stored letters delivered in order on one channel with one `basic.ack` (`multiple`, up
+/// to the last): every earlier delivery of the channel is acked already.
+async fn ack_stored(letters: &[Delivery]) -> anyhow::Result<()> {
     let Some(last) = letters.last() else {
-        return Ok(vec![]);
+        return Ok(());
     };
-    let stored = store_all(db, letters).await?;
     crate::failpoint::hit(AFTER_INSERT).await;
     let multiple = BasicAckOptions { multiple: true };
     match last.ack(multiple).await {
-        Ok(true) => Ok(stored),
+        Ok(true) => Ok(()),
         Ok(false) => anyhow::bail!(
             "the channel closed before the ack (the letters are stored; a redelivery is one row)"
         ),
         Err(e) => Err(e).context("acking stored dead letters"),
     }
+}
+
+/// Hands every letter of the channel not acked back to the queue with one `basic.nack`
+/// (`requeue`, `multiple` from delivery tag 0) before the channel closes: RabbitMQ 4.3 and later
+/// count a letter handed back by a closing channel towards the queue's delivery limit, and a
+/// nacked one not.
+async fn hand_back(ch: &Channel) {
+    let back = BasicNackOptions {
+        multiple: true,
+        requeue: true,
+    };
+    let _ = ch.basic_nack(0, back).await;
 }
 
 /// Whether a group holding `letters` (their bodies `bytes` in all) takes no more: [`GROUP`]
@@ -197,7 +216,16 @@ pub async fn drain(urls: &UrlList, topology: &Topology, db: &Database) -> anyhow
                 break;
             }
             taken += group.len();
-            for stored in take(db, &group).await? {
+            let stored = match store_all(db, &rows_of(&group)).await {
+                Ok(stored) => stored,
+                Err(e) => {
+                    hand_back(&ch).await;
+                    let _ = ch.close(200, "not stored".into()).await;
+                    return Err(e.into());
+                }
+            };
+            ack_stored(&group).await?;
+            for stored in stored {
                 match stored {
                     Stored::New => done.ingested += 1,
                     Stored::Again => done.duplicates += 1,

@@ -9,30 +9,17 @@ use lapin::options::{BasicConsumeOptions, BasicQosOptions};
 use lapin::types::FieldTable;
 use tokio_util::sync::CancellationToken;
 
-use super::{NotStored, RETENTION_EVERY, group_is_full, take};
+use super::{RETENTION_EVERY, ack_stored, group_is_full, hand_back, rows_of, store_all};
 use crate::broker::{self, Topology};
 use crate::config::UrlList;
 use crate::db::Database;
+use crate::db::dead_letters::NewDeadLetter;
 use crate::dlq::DeadLetters;
 
 /// Letters held unacked at once: enough that a burst of dead letters is stored in groups of
 /// this many (one commit and one ack each), few enough that a pause or a crash hands back
 /// little (and a letter handed back is one row still).
 const PREFETCH: u16 = 64;
-
-/// How a session of the ingester ended.
-enum Ended {
-    /// The database did not take a letter: pause until it answers.
-    Database(anyhow::Error),
-    /// The broker connection or channel failed: reconnect.
-    Broker(anyhow::Error),
-}
-
-impl<E: Into<anyhow::Error>> From<E> for Ended {
-    fn from(e: E) -> Ended {
-        Ended::Broker(e.into())
-    }
-}
 
 /// A consumer of `<ns>.dead` that stores the letters that have arrived, then acks them.
 pub struct Ingester {
@@ -68,17 +55,7 @@ impl Ingester {
         while !shutdown.is_cancelled() {
             match self.session(&shutdown, &mut reconnect).await {
                 Ok(()) => break,
-                Err(Ended::Database(e)) => {
-                    tracing::warn!(
-                        error = crate::exit::one_line(&e),
-                        "dead-letter ingest paused: the database does not take rows; the letters stay in {} until it does",
-                        self.topology.dead
-                    );
-                    if self.wait_for_database(&shutdown).await {
-                        tracing::info!("dead-letter ingest resumed: the database answers again");
-                    }
-                }
-                Err(Ended::Broker(e)) => {
+                Err(e) => {
                     let (_, wait) = reconnect.next_wait();
                     tracing::debug!(error = crate::exit::one_line(&e), retry_in = ?wait, "dead-letter ingest: broker session ended");
                     tokio::select! {
@@ -96,7 +73,7 @@ impl Ingester {
         &self,
         shutdown: &CancellationToken,
         reconnect: &mut broker::Reconnect,
-    ) -> Result<(), Ended> {
+    ) -> anyhow::Result<()> {
         let conn = broker::connect(&self.urls, &self.name).await?;
         let result = self.consume(&conn, shutdown, reconnect).await;
         // Closing hands every letter not acked back to the queue.
@@ -109,7 +86,7 @@ impl Ingester {
         conn: &Connection,
         shutdown: &CancellationToken,
         reconnect: &mut broker::Reconnect,
-    ) -> Result<(), Ended> {
+    ) -> anyhow::Result<()> {
         broker::declare_and_repair(conn, &self.urls, &self.topology, &self.name).await?;
         let ch = conn.create_channel().await?;
         ch.basic_qos(PREFETCH, BasicQosOptions::default()).await?;
@@ -124,16 +101,17 @@ impl Ingester {
         reconnect.started();
         loop {
             let next = tokio::select! {
-                _ = shutdown.cancelled() => return Ok(()),
+                _ = shutdown.cancelled() => {
+                    hand_back(&ch).await;
+                    return Ok(());
+                }
                 next = consumer.next() => next,
             };
             let delivery = match next {
-                None => {
-                    return Err(Ended::Broker(anyhow::anyhow!(
-                        "the broker cancelled the consumer of {}",
-                        self.topology.dead
-                    )));
-                }
+                None => anyhow::bail!(
+                    "the broker cancelled the consumer of {}",
+                    self.topology.dead
+                ),
                 Some(d) => d?,
             };
             // With it, whatever else has arrived: one group, one commit, one ack.
@@ -147,27 +125,53 @@ impl Ingester {
                 bytes += next.data.len();
                 group.push(next);
             }
-            if let Err(e) = take(&self.db, &group).await {
-                return Err(if e.is::<NotStored>() {
-                    Ended::Database(e)
-                } else {
-                    Ended::Broker(e)
-                });
+            if !self.store(&rows_of(&group), shutdown).await {
+                hand_back(&ch).await;
+                return Ok(());
             }
+            ack_stored(&group).await?;
         }
     }
 
-    /// Probes the database with backoff until it answers (true) or `shutdown` (false).
-    async fn wait_for_database(&self, shutdown: &CancellationToken) -> bool {
+    /// Stores a group's rows, and while the database does not take them holds the letters (not
+    /// acked, not handed back) and tries again with backoff: true once stored, false on
+    /// `shutdown`. A letter handed back is a delivery spent, and on RabbitMQ 4 a quorum queue
+    /// drops a letter after its delivery limit (20 unless a policy says otherwise; `<ns>.dead`
+    /// has nowhere to dead-letter it), so an outage, or a database that answers but refuses
+    /// the rows, must not hand the same letters back again and again.
+    async fn store(&self, rows: &[NewDeadLetter], shutdown: &CancellationToken) -> bool {
+        let Err(e) = store_all(&self.db, rows).await else {
+            return true;
+        };
+        tracing::warn!(
+            error = %e,
+            letters = rows.len(),
+            "dead-letter ingest paused: the database does not take rows; the letters taken from {} are held, not acked, and stored once it does",
+            self.topology.dead
+        );
         let mut backoff = broker::reconnect_backoff();
+        let mut tries = 1u64;
         loop {
             let wait = backoff.next().unwrap_or(broker::RECONNECT_MAX);
             tokio::select! {
                 _ = tokio::time::sleep(wait) => {}
                 _ = shutdown.cancelled() => return false,
             }
-            if self.db.ping().await.is_ok() {
-                return true;
+            tries += 1;
+            let stored = tokio::select! {
+                stored = store_all(&self.db, rows) => stored,
+                _ = shutdown.cancelled() => return false,
+            };
+            match stored {
+                Ok(_) => {
+                    tracing::info!(
+                        letters = rows.len(),
+                        tries,
+                        "dead-letter ingest resumed: the database took the held letters"
+                    );
+                    return true;
+                }
+                Err(e) => tracing::debug!(error = %e, tries, "dead letters still not stored"),
             }
         }
     }

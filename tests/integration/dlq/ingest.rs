@@ -5,6 +5,7 @@
 
 use lapin::types::{AMQPValue, ByteArray, LongString};
 use mailroom::broker;
+use mailroom::db::Engine;
 use mailroom::db::dead_letters::LetterQuery;
 use mailroom::dlq::{MAX_STORED_BODY, decode_properties};
 
@@ -215,43 +216,153 @@ async fn an_oversize_letter_is_stored_in_part_and_never_blocks_the_queue() {
     assert_eq!(app.dead_count().await, 2, "both stay dead");
 }
 
-#[tokio::test]
-async fn a_database_outage_pauses_ingesting_and_its_end_resumes_it_losing_nothing() {
-    let app = TestApp::spawn().await;
-    let port = url::Url::parse(&app.db_url).unwrap().port().unwrap();
-    let proxy = FaultProxy::start(port).await;
-    proxy.set(Fault::Reset);
-    let url = proxy.url_through(&app.db_url).parse().unwrap();
-    let db = mailroom::db::Database::connect_lazy(&url, 2).unwrap();
-    let ingester = mailroom::dlq::ingest::Ingester::new(
-        app.amqp_url.parse().unwrap(),
-        app.topology.clone(),
-        db,
-        std::time::Duration::from_secs(3600),
+/// The ingester's log, with each retry of a held group at DEBUG.
+const RETRIES_LOGGED: (&str, &str) = ("RUST_LOG", "info,mailroom::dlq::ingest=debug");
+
+/// Waits until the worker's ingester has tried `tries` times to store the letter it holds,
+/// asserting at every look that the letter is still in its hand: one consumer, nothing ready
+/// in the queue, no row. A letter handed back is a delivery spent; on RabbitMQ 4 a letter of
+/// `<ns>.dead` is dropped after 20 of them.
+async fn held_through(app: &TestApp, tries: u32) {
+    let retried = format!("tries={tries}");
+    eventually(
+        &format!("{tries} tries to store the held letter"),
+        || async {
+            assert_eq!(
+                app.dead_consumers().await,
+                1,
+                "the ingester's consumer left"
+            );
+            assert_eq!(
+                app.dead_queue_length().await,
+                0,
+                "the letter was handed back to the queue"
+            );
+            assert_eq!(rows(app).await, 0);
+            worker_log(app).contains(&retried).then_some(())
+        },
+    )
+    .await;
+}
+
+/// What the worker's log says of the pause: one WARN when it began, one INFO when it ended.
+fn assert_one_pause(app: &TestApp) {
+    let log = worker_log(app);
+    assert_eq!(log.matches("dead-letter ingest paused").count(), 1, "{log}");
+    assert_eq!(
+        log.matches("dead-letter ingest resumed").count(),
+        1,
+        "{log}"
     );
-    let stop = tokio_util::sync::CancellationToken::new();
-    let task = tokio::spawn(ingester.run(stop.clone()));
+}
+
+#[tokio::test]
+async fn a_database_outage_holds_the_letters_in_hand_and_stores_them_once_it_ends() {
+    let app = TestApp::spawn().await;
+    let proxy = FaultProxy::in_front_of(&app.db_url).await;
+    let url = proxy.url_through(&app.db_url);
+    let mut worker = app.spawn_worker_process(&["--database-url", &url], &[RETRIES_LOGGED]);
     eventually("the ingester consuming", || async {
         (app.dead_consumers().await == 1).then_some(())
     })
     .await;
+    proxy.set(Fault::Reset);
     publish_to_dlx(&app, &[letter(&app.job("outage"), "rejected", "550")]).await;
-    eventually(
-        "paused: no consumer, the letter back in the queue",
-        || async {
-            let paused = app.dead_consumers().await == 0 && app.dead_queue_length().await == 1;
-            paused.then_some(())
-        },
-    )
+    eventually("the pause begun", || async {
+        worker_log(&app)
+            .contains("dead-letter ingest paused")
+            .then_some(())
+    })
     .await;
-    assert_eq!(rows(&app).await, 0);
+    held_through(&app, 3).await;
 
     proxy.set(Fault::Pass);
     eventually("the letter ingested once the database is back", || async {
         (rows(&app).await == 1 && app.dead_queue_length().await == 0).then_some(())
     })
     .await;
-    stop.cancel();
-    task.await.unwrap().unwrap();
+    assert_one_pause(&app);
+    worker.kill().await.unwrap();
     assert_eq!(rows(&app).await, 1);
+}
+
+/// Makes the test's database refuse every insert into the table with a trigger that raises:
+/// a database that answers but takes no rows (read-only after a failover, a full disk, a
+/// revoked grant).
+async fn refuse_rows(app: &TestApp) {
+    let refuse = match engine() {
+        Engine::Postgres => vec![
+            "CREATE FUNCTION refuse_dead_letters() RETURNS trigger LANGUAGE plpgsql AS \
+             $$ BEGIN RAISE EXCEPTION 'the table takes no rows'; END $$",
+            "CREATE TRIGGER refuse BEFORE INSERT ON mailroom_dead_letters \
+             FOR EACH ROW EXECUTE FUNCTION refuse_dead_letters()",
+        ],
+        Engine::MySql => vec![
+            "CREATE TRIGGER refuse BEFORE INSERT ON mailroom_dead_letters FOR EACH ROW \
+             SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = 'the table takes no rows'",
+        ],
+    };
+    for sql in refuse {
+        app.execute(sql).await;
+    }
+}
+
+/// Ends [`refuse_rows`].
+async fn take_rows(app: &TestApp) {
+    app.execute(match engine() {
+        Engine::Postgres => "DROP TRIGGER refuse ON mailroom_dead_letters",
+        Engine::MySql => "DROP TRIGGER refuse",
+    })
+    .await;
+}
+
+/// A database that answers but refuses the rows: the letters are held, not handed back again
+/// and again (each time a delivery spent) in a loop of pauses and resumes.
+#[tokio::test]
+async fn a_database_that_answers_but_refuses_the_rows_holds_the_letters_without_a_loop() {
+    let app = TestApp::spawn().await;
+    refuse_rows(&app).await;
+    let mut worker = app.spawn_worker_process(&[], &[RETRIES_LOGGED]);
+    eventually("the ingester consuming", || async {
+        (app.dead_consumers().await == 1).then_some(())
+    })
+    .await;
+    publish_to_dlx(&app, &[letter(&app.job("refused"), "rejected", "550")]).await;
+    held_through(&app, 4).await;
+
+    take_rows(&app).await;
+    eventually("the letter ingested once the rows are taken", || async {
+        (rows(&app).await == 1 && app.dead_queue_length().await == 0).then_some(())
+    })
+    .await;
+    assert_one_pause(&app);
+    worker.kill().await.unwrap();
+}
+
+/// `mailroom dlq ingest` against a database that refuses the rows fails with the database's
+/// reason and leaves the letters in the queue for the next run.
+#[tokio::test]
+async fn dlq_ingest_refused_by_the_database_says_why_and_leaves_the_letters_queued() {
+    let app = TestApp::spawn().await;
+    let letters: Vec<_> = (0..3)
+        .map(|i| letter(&app.job(&format!("cron-{i}")), "rejected", "550"))
+        .collect();
+    publish_to_dlx(&app, &letters).await;
+    refuse_rows(&app).await;
+    let out = app.cli_output(&["dlq", "ingest"]).await;
+    assert!(!out.status.success());
+    assert!(
+        out.stderr.contains("storing dead letter")
+            && out.stderr.contains("the table takes no rows"),
+        "{}",
+        out.stderr
+    );
+    assert_eq!(app.dead_queue_length().await, 3, "every letter handed back");
+    assert_eq!(rows(&app).await, 0);
+
+    take_rows(&app).await;
+    let out = app.cli(&["dlq", "ingest"]).await;
+    assert!(out.contains("ingested 3 dead letters"), "{out}");
+    assert_eq!(app.dead_queue_length().await, 0);
+    assert_eq!(rows(&app).await, 3);
 }
