@@ -25,9 +25,13 @@ mod session;
 use std::time::Duration;
 
 use anyhow::Context;
+use futures_util::{FutureExt, StreamExt};
 use lapin::Channel;
 use lapin::message::Delivery;
-use lapin::options::{BasicAckOptions, BasicGetOptions, BasicNackOptions, QueueDeclareOptions};
+use lapin::options::{
+    BasicAckOptions, BasicCancelOptions, BasicConsumeOptions, BasicGetOptions, BasicNackOptions,
+    BasicQosOptions, QueueDeclareOptions,
+};
 use lapin::types::FieldTable;
 use serde::Serialize;
 
@@ -177,26 +181,30 @@ fn group_is_full(letters: usize, bytes: usize) -> bool {
 /// Takes every letter that is in `<ns>.dead` now into the table, in groups, then returns: the
 /// one-shot `mailroom dlq ingest`. Letters arriving meanwhile are taken too, up to a group
 /// more; beyond that they are left for the next run.
+///
+/// The letters there at the start are consumed (up to [`DRAIN_PREFETCH`] on their way at once:
+/// on a quorum queue each `basic.get` is a command through the queue's log, a consumer's
+/// deliveries are not); the drain then ends with `basic.get`s, the last of which finds the
+/// queue empty.
 pub async fn drain(urls: &UrlList, topology: &Topology, db: &Database) -> anyhow::Result<Drained> {
     let conn = broker::connect(urls, "mailroom dlq ingest").await?;
     let result = async {
         let ch = conn.create_channel().await?;
-        let passive = QueueDeclareOptions {
-            passive: true,
-            ..Default::default()
-        };
         let queue = topology.dead.as_str();
-        let ready = ch
-            .queue_declare(queue.into(), passive, FieldTable::default())
-            .await
-            .with_context(|| format!("reading queue {queue}"))?
-            .message_count();
-        let mut done = Drained::default();
+        let ready = ready_in(&ch, queue).await?;
+        let mut drain = Drain {
+            ch: &ch,
+            db,
+            done: Drained::default(),
+        };
         // Letters that arrive meanwhile are taken too, up to a group more.
         let bound = usize::try_from(ready)
             .unwrap_or(usize::MAX)
             .saturating_add(GROUP);
         let mut taken = 0;
+        if ready > 0 {
+            taken = drain.consume(queue, bound).await?;
+        }
         while taken < bound {
             let (mut group, mut bytes) = (Vec::new(), 0);
             while taken + group.len() < bound && !group_is_full(group.len(), bytes) {
@@ -216,31 +224,129 @@ pub async fn drain(urls: &UrlList, topology: &Topology, db: &Database) -> anyhow
                 break;
             }
             taken += group.len();
-            let stored = match store_all(db, &rows_of(&group)).await {
-                Ok(stored) => stored,
-                Err(e) => {
-                    hand_back(&ch).await;
-                    let _ = ch.close(200, "not stored".into()).await;
-                    return Err(e.into());
-                }
-            };
-            ack_stored(&group).await?;
-            for stored in stored {
-                match stored {
-                    Stored::New => done.ingested += 1,
-                    Stored::Again => done.duplicates += 1,
-                }
-            }
+            drain.take(&group).await?;
         }
         // The acks are frames on this channel: its Close-Ok comes after the broker handled
         // them. Closing the connection at once could overtake the last ack, and the letter
         // would go back to the queue (stored, but still counted there as dead).
         let _ = ch.close(200, "ingested".into()).await;
-        anyhow::Ok(done)
+        anyhow::Ok(drain.done)
     }
     .await;
     let _ = conn.close(200, "ingested".into()).await;
     result
+}
+
+/// Letters a [`drain`] consumes may be on their way to it at once: two groups, so one is
+/// arriving while the last is stored.
+pub const DRAIN_PREFETCH: u16 = 2 * GROUP as u16;
+
+/// How long a [`drain`]'s consumer waits for a letter before it asks the queue whether any is
+/// left (other ingesters may have taken them).
+const DRAIN_IDLE: Duration = Duration::from_millis(100);
+
+/// The letters ready in `queue` (a passive declare).
+async fn ready_in(ch: &Channel, queue: &str) -> anyhow::Result<u32> {
+    let passive = QueueDeclareOptions {
+        passive: true,
+        ..Default::default()
+    };
+    Ok(ch
+        .queue_declare(queue.into(), passive, FieldTable::default())
+        .await
+        .with_context(|| format!("reading queue {queue}"))?
+        .message_count())
+}
+
+/// A [`drain`] under way: its channel, and what it stored.
+struct Drain<'a> {
+    ch: &'a Channel,
+    db: &'a Database,
+    done: Drained,
+}
+
+impl Drain<'_> {
+    /// Stores a group delivered in order on the channel, then acks it; one the database does
+    /// not take is handed back, with every other letter of the channel.
+    async fn take(&mut self, group: &[Delivery]) -> anyhow::Result<()> {
+        let stored = match store_all(self.db, &rows_of(group)).await {
+            Ok(stored) => stored,
+            Err(e) => {
+                hand_back(self.ch).await;
+                let _ = self.ch.close(200, "not stored".into()).await;
+                return Err(e.into());
+            }
+        };
+        ack_stored(group).await?;
+        for stored in stored {
+            match stored {
+                Stored::New => self.done.ingested += 1,
+                Stored::Again => self.done.duplicates += 1,
+            }
+        }
+        Ok(())
+    }
+
+    /// Consumes `queue` in groups until `bound` letters are taken or none is left ready, then
+    /// cancels and takes the letters still on their way; returns how many it took.
+    async fn consume(&mut self, queue: &str, bound: usize) -> anyhow::Result<usize> {
+        self.ch
+            .basic_qos(DRAIN_PREFETCH, BasicQosOptions::default())
+            .await?;
+        let mut consumer = self
+            .ch
+            .basic_consume(
+                queue.into(),
+                "".into(),
+                BasicConsumeOptions::default(),
+                FieldTable::default(),
+            )
+            .await
+            .with_context(|| format!("consuming {queue}"))?;
+        let mut taken = 0;
+        let mut cancelled = false;
+        loop {
+            if !cancelled && taken >= bound {
+                self.ch
+                    .basic_cancel(consumer.tag(), BasicCancelOptions::default())
+                    .await?;
+                cancelled = true;
+            }
+            let first = if cancelled {
+                // Cancel-Ok follows every delivery sent before it: the stream ends after them.
+                consumer.next().await
+            } else {
+                match tokio::time::timeout(DRAIN_IDLE, consumer.next()).await {
+                    Ok(next) => next,
+                    Err(_) => {
+                        if ready_in(self.ch, queue).await? == 0 {
+                            self.ch
+                                .basic_cancel(consumer.tag(), BasicCancelOptions::default())
+                                .await?;
+                            cancelled = true;
+                        }
+                        continue;
+                    }
+                }
+            };
+            let Some(first) = first else {
+                return Ok(taken);
+            };
+            let first = first?;
+            let mut bytes = first.data.len();
+            let mut group = vec![first];
+            while !group_is_full(group.len(), bytes) {
+                let Some(Some(next)) = consumer.next().now_or_never() else {
+                    break;
+                };
+                let next = next?;
+                bytes += next.data.len();
+                group.push(next);
+            }
+            taken += group.len();
+            self.take(&group).await?;
+        }
+    }
 }
 
 impl DeadLetters {

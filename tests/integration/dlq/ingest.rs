@@ -357,7 +357,10 @@ async fn dlq_ingest_refused_by_the_database_says_why_and_leaves_the_letters_queu
         "{}",
         out.stderr
     );
-    assert_eq!(app.dead_queue_length().await, 3, "every letter handed back");
+    eventually("every letter back in the queue", || async {
+        (app.dead_queue_length().await == 3).then_some(())
+    })
+    .await;
     assert_eq!(rows(&app).await, 0);
 
     take_rows(&app).await;
