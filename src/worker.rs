@@ -216,7 +216,7 @@ impl Worker {
         tracing::info!(queue = %s.topology.queue, concurrency = s.concurrency, prefetch = s.prefetch, "consuming");
         self.dispatch(&mut session, slots, tracker, shutdown)
             .await?;
-        self.finish(session, tracker).await;
+        self.finish(session, slots, tracker).await;
         Ok(())
     }
 
@@ -315,18 +315,33 @@ impl Worker {
         );
     }
 
-    /// After a shutdown: stops consuming, lets the deliveries in flight settle on the still-open
-    /// channel within the grace period, then closes both connections.
-    async fn finish(&self, session: BrokerSession, tracker: &TaskTracker) {
+    /// After a shutdown: stops consuming, takes the deliveries the broker sent before it heard
+    /// so, lets them and those in flight settle on the still-open channel within the grace
+    /// period, then closes both connections.
+    async fn finish(
+        self: &Arc<Self>,
+        mut session: BrokerSession,
+        slots: &Arc<Semaphore>,
+        tracker: &TaskTracker,
+    ) {
+        let deadline = tokio::time::Instant::now() + self.settings.shutdown_grace;
         let _ = session
             .channel
             .basic_cancel(session.consumer.tag(), BasicCancelOptions::default())
             .await;
+        let taken = self
+            .take_the_rest(&mut session, slots, tracker, deadline)
+            .await;
         tracing::info!(
             in_flight = tracker.len(),
+            taken_after_cancel = taken,
             "stopped consuming; finishing deliveries in flight"
         );
-        drain(tracker, self.settings.shutdown_grace).await;
+        drain(
+            tracker,
+            deadline.saturating_duration_since(tokio::time::Instant::now()),
+        )
+        .await;
         let (frames, acks) = session.link.acks.written();
         tracing::info!(acks, frames, "acks of this session written");
         let ledger = self.ledger.stats();
@@ -345,6 +360,40 @@ impl Worker {
         );
         session.link.publisher.close("worker shutting down").await;
         close(&session.conn, &session.channel).await;
+    }
+
+    /// The deliveries prefetched before the consumer was cancelled (up to the prefetch less
+    /// those in flight), each taken once a slot is free, until the stream ends with the
+    /// broker's Cancel-Ok or `deadline`; returns how many. Closing the channel would hand them
+    /// back, and each hand-back is a delivery spent: a queue's delivery limit (10) dead-letters
+    /// a job handed back that often, as repeated restarts or scale-downs over a backlog would
+    /// do to the jobs at its head. While the circuit breaker is open (the SMTP server is
+    /// down) they go back instead.
+    async fn take_the_rest(
+        self: &Arc<Self>,
+        session: &mut BrokerSession,
+        slots: &Arc<Semaphore>,
+        tracker: &TaskTracker,
+        deadline: tokio::time::Instant,
+    ) -> usize {
+        let mut taken = 0;
+        while !self.breaker.is_open() {
+            let next = async {
+                let permit = slots.clone().acquire_owned().await.ok()?;
+                match session.consumer.next().await {
+                    Some(Ok(delivery)) => Some((delivery, permit)),
+                    _ => None,
+                }
+            };
+            match tokio::time::timeout_at(deadline, next).await {
+                Ok(Some((delivery, permit))) => {
+                    self.spawn_handle(tracker, &session.link, delivery, permit);
+                    taken += 1;
+                }
+                _ => break,
+            }
+        }
+        taken
     }
 
     async fn handle(

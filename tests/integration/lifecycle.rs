@@ -57,6 +57,61 @@ async fn sigterm_with_50_jobs_in_flight_sends_all_once_and_exits_0() {
     );
 }
 
+/// A worker stopped over a backlog takes the deliveries the broker sent it before the cancel
+/// (its prefetch beyond those in flight) instead of handing them back: each hand-back is a
+/// delivery spent towards the work queue's limit, and restarts or scale-downs over a backlog
+/// would spend the same jobs' again and again until the broker dead-letters them.
+#[tokio::test]
+async fn a_worker_stopped_over_a_backlog_hands_back_no_delivery() {
+    const JOBS: u32 = 400;
+    let app = TestApp::spawn_with(&["--data-delay", "0.02"]).await;
+    for i in 0..JOBS {
+        app.publish(&app.job(&format!("backlog-{i}"))).await;
+    }
+    let mut worker = app.spawn_worker_process(&["--concurrency", "8", "--prefetch", "64"], &[]);
+    eventually("the worker sending, its prefetch full", || async {
+        let sent = app.count_status("sent").await;
+        let ready = app.ready_messages().await;
+        // 8 in flight and 56 waiting in the worker: 64 delivered and not yet sent.
+        (sent >= 40 && i64::from(JOBS - ready) - sent >= 60).then_some(())
+    })
+    .await;
+    terminate(&worker).await;
+    let status = tokio::time::timeout(PATIENCE, worker.wait())
+        .await
+        .expect("worker exits")
+        .unwrap();
+    assert_eq!(status.code(), Some(0));
+
+    let sent = app.count_status("sent").await;
+    let left = i64::from(app.ready_messages().await);
+    assert_eq!(
+        sent + left,
+        i64::from(JOBS),
+        "every job sent or still queued"
+    );
+    assert!(left > 0, "the stop hit a backlog");
+    assert_eq!(app.smtp.received().len() as i64, sent);
+    let conn = lapin::Connection::connect(&app.amqp_url, Default::default())
+        .await
+        .unwrap();
+    let ch = conn.create_channel().await.unwrap();
+    let mut redelivered = 0;
+    for _ in 0..left {
+        let got = ch
+            .basic_get(
+                app.topology.queue.as_str().into(),
+                lapin::options::BasicGetOptions { no_ack: true },
+            )
+            .await
+            .unwrap()
+            .expect("a job left in the queue");
+        redelivered += usize::from(got.delivery.redelivered);
+    }
+    assert_eq!(redelivered, 0, "jobs handed back by the stopped worker");
+    conn.close(200, "read".into()).await.unwrap();
+}
+
 #[tokio::test]
 async fn closing_all_broker_connections_under_load_loses_and_duplicates_nothing() {
     let vhost = Vhost::create().await;
