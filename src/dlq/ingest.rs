@@ -16,9 +16,11 @@
 //! database takes them (one WARN line when the pause begins, one INFO when it ends). A letter
 //! handed back is a delivery spent, and on RabbitMQ 4 a quorum queue drops a message after its
 //! delivery limit (20 unless a policy lifts it; `<ns>.dead` has nowhere to dead-letter it), so
-//! letters go back only when a process stops, with a `basic.nack` ([`hand_back`]). An oversize letter (body above
-//! [`stored::MAX_STORED_BODY`]) is stored with the head of its body and its size, logged as an
-//! ERROR, and acked: the queue never sticks on it and its row says what was cut.
+//! letters go back only when a process stops, with a `basic.nack` ([`hand_back`]).
+//!
+//! An oversize letter (body above [`stored::MAX_STORED_BODY`]) is stored with the head of its
+//! body and its size, logged as an ERROR, and acked: the queue never sticks on it and its row
+//! says what was cut.
 
 mod session;
 
