@@ -28,13 +28,13 @@ use std::time::Duration;
 
 use anyhow::Context;
 use futures_util::{FutureExt, StreamExt};
-use lapin::Channel;
 use lapin::message::Delivery;
 use lapin::options::{
     BasicAckOptions, BasicCancelOptions, BasicConsumeOptions, BasicGetOptions, BasicNackOptions,
     BasicQosOptions, QueueDeclareOptions,
 };
 use lapin::types::FieldTable;
+use lapin::{Channel, Consumer};
 use serde::Serialize;
 
 use super::{DeadLetters, stored};
@@ -239,6 +239,22 @@ pub async fn drain(urls: &UrlList, topology: &Topology, db: &Database) -> anyhow
     result
 }
 
+/// `first` and the letters that have arrived after it on `consumer`, up to a full group: one
+/// group, one commit, one ack.
+fn group_with(first: Delivery, consumer: &mut Consumer) -> lapin::Result<Vec<Delivery>> {
+    let mut bytes = first.data.len();
+    let mut group = vec![first];
+    while !group_is_full(group.len(), bytes) {
+        let Some(Some(next)) = consumer.next().now_or_never() else {
+            break;
+        };
+        let next = next?;
+        bytes += next.data.len();
+        group.push(next);
+    }
+    Ok(group)
+}
+
 /// Letters a [`drain`] consumes may be on their way to it at once: two groups, so one is
 /// arriving while the last is stored.
 pub const DRAIN_PREFETCH: u16 = 2 * GROUP as u16;
@@ -335,16 +351,7 @@ impl Drain<'_> {
                 return Ok(taken);
             };
             let first = first?;
-            let mut bytes = first.data.len();
-            let mut group = vec![first];
-            while !group_is_full(group.len(), bytes) {
-                let Some(Some(next)) = consumer.next().now_or_never() else {
-                    break;
-                };
-                let next = next?;
-                bytes += next.data.len();
-                group.push(next);
-            }
+            let group = group_with(first, &mut consumer)?;
             taken += group.len();
             self.take(&group).await?;
         }

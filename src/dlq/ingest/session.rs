@@ -3,13 +3,13 @@
 
 use std::time::Duration;
 
-use futures_util::{FutureExt, StreamExt};
+use futures_util::StreamExt;
 use lapin::Connection;
 use lapin::options::{BasicConsumeOptions, BasicQosOptions};
 use lapin::types::FieldTable;
 use tokio_util::sync::CancellationToken;
 
-use super::{RETENTION_EVERY, ack_stored, group_is_full, hand_back, rows_of, store_all};
+use super::{RETENTION_EVERY, ack_stored, group_with, hand_back, rows_of, store_all};
 use crate::broker::{self, Topology};
 use crate::config::UrlList;
 use crate::db::Database;
@@ -114,17 +114,7 @@ impl Ingester {
                 ),
                 Some(d) => d?,
             };
-            // With it, whatever else has arrived: one group, one commit, one ack.
-            let mut bytes = delivery.data.len();
-            let mut group = vec![delivery];
-            while !group_is_full(group.len(), bytes) {
-                let Some(Some(next)) = consumer.next().now_or_never() else {
-                    break;
-                };
-                let next = next?;
-                bytes += next.data.len();
-                group.push(next);
-            }
+            let group = group_with(delivery, &mut consumer)?;
             if !self.store(&rows_of(&group), shutdown).await {
                 hand_back(&ch).await;
                 return Ok(());
