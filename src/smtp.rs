@@ -415,7 +415,7 @@ pub fn build_message(
             message_id_domain,
         )))
         .subject(email.subject.clone());
-    let b = extra_headers(recipients(b, job), job)?;
+    let b = extra_headers(recipients(b, job), job)?.envelope(envelope(from, job)?);
     Ok(match &email.text {
         Some(text) => b.multipart(MultiPart::alternative_plain_html(
             body::encode(text),
@@ -423,6 +423,16 @@ pub fn build_message(
         ))?,
         None => b.singlepart(SinglePart::html(body::encode(&email.html)))?,
     })
+}
+
+/// The envelope lettre would derive from the From, To, Cc and Bcc headers (the sender, then
+/// every recipient in that order), made from the mailboxes themselves: lettre's own derivation
+/// parses each header back from its encoded text, once per email.
+fn envelope(from: &Mailbox, job: &ValidJob) -> Result<Envelope, BuildError> {
+    let to = (job.to.iter().chain(&job.cc).chain(&job.bcc))
+        .map(|m| m.email.clone())
+        .collect();
+    Ok(Envelope::new(Some(from.email.clone()), to)?)
 }
 
 /// The job's To, Cc, Bcc and Reply-To.

@@ -6,6 +6,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use lettre::Message;
+use lettre::message::Mailbox;
+use serde_json::json;
 use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWrite, AsyncWriteExt, BufReader};
 use tokio::io::{ReadHalf, WriteHalf};
 use tokio::net::TcpListener;
@@ -813,6 +815,49 @@ async fn a_pooled_connection_the_server_dropped_is_replaced_without_failing_the_
         }
         assert_eq!(s.counters.accepted.load(Ordering::SeqCst), 3);
         assert_eq!(s.counters.connections.load(Ordering::SeqCst), 3);
+    }
+}
+
+/// `build_message` gives lettre the envelope instead of letting it parse the headers back: the
+/// envelope must be the one lettre derives from the same headers, for every kind of address a
+/// job may carry (display names that need quoting or encoding, UTF-8 local parts, IDN domains
+/// as the door stores them, the same address twice, Cc and Bcc in their order).
+#[test]
+fn the_envelope_is_the_one_lettre_derives_from_the_headers() {
+    let from: Mailbox = "\"Shop, Inc.\" <noreply@shop.example>".parse().unwrap();
+    let jobs = [
+        json!({"to": ["ada@example.com"]}),
+        json!({"to": ["\"Lovelace, Ada\" <ada@example.com>", "Grace <grace@example.org>"],
+               "cc": ["Zoë Ünïcode <zoe@example.net>"], "bcc": ["audit@shop.example"]}),
+        json!({"to": ["josé@example.com", "ada@münchen.example"], "cc": ["ada@example.com"],
+               "bcc": ["ada@example.com"]}),
+        json!({"to": ["a@example.com"], "bcc": ["b@example.com", "c@example.com"]}),
+    ];
+    let email = RenderedEmail {
+        subject: "hello".into(),
+        html: "<p>hi</p>".into(),
+        text: Some("hi".into()),
+    };
+    for fields in jobs {
+        let mut body = json!({"job_id": "j-1", "kind": "welcome", "to": [], "data": {}});
+        body.as_object_mut()
+            .unwrap()
+            .extend(fields.as_object().unwrap().clone());
+        let job = crate::job::EmailJob::decode(body.to_string().as_bytes()).unwrap();
+        let ours = build_message(&from, "shop.example", &job, &email).unwrap();
+        let mut theirs = Message::builder().from(from.clone()).subject("hello");
+        for m in &job.to {
+            theirs = theirs.to(m.clone());
+        }
+        for m in &job.cc {
+            theirs = theirs.cc(m.clone());
+        }
+        for m in &job.bcc {
+            theirs = theirs.bcc(m.clone());
+        }
+        let theirs = theirs.body(String::from("hi")).unwrap();
+        assert_eq!(ours.envelope(), theirs.envelope(), "{body}");
+        assert!(!ours.envelope().to().is_empty(), "{body}");
     }
 }
 
