@@ -36,6 +36,7 @@ mod raw;
 mod relay;
 mod relay_alone;
 mod report;
+mod rounds;
 mod workers;
 pub mod workload;
 mod world;
@@ -57,6 +58,7 @@ pub enum Only {
     Paced,
     EndToEnd,
     Dlq,
+    Rounds,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -82,12 +84,15 @@ pub struct Opts {
     /// per engine.
     pub trickle_rows: usize,
     pub out: PathBuf,
+    /// Paired rounds of the two headline ratios ([`rounds`]); 0 leaves them out.
+    pub rounds: usize,
     /// `--only recorder`: only the worker path at [`RECORDER_RATE`] into the Python SMTP
     /// recorder, for working on the cost of an email at low rates; `--only backlog`: only the
     /// worker-only runs into smtp-sink; `--only paced`: one worker-only run, then the worker
     /// path at the fractions of its maximum. Each prints its figures and CPU per email.
     /// `--only e2e`: the producers alone, end to end at full speed and at the target rate;
-    /// `--only dlq`: N dead letters ingested, then replayed.
+    /// `--only dlq`: N dead letters ingested, then replayed; `--only rounds`: the paired
+    /// rounds alone.
     pub only: Option<Only>,
 }
 
@@ -110,6 +115,7 @@ impl Opts {
             wake_rows: if quick { 4 } else { 20 },
             trickle_rows: if quick { 50 } else { 300 },
             out: PathBuf::from("target/bench"),
+            rounds: if quick { 0 } else { 3 },
             only: None,
         };
         let mut it = args.iter();
@@ -122,6 +128,7 @@ impl Opts {
             match arg.as_str() {
                 "--quick" | "--bench" => {}
                 "--n" => opts.n = value("--n")?.parse().context("--n")?,
+                "--rounds" => opts.rounds = value("--rounds")?.parse().context("--rounds")?,
                 "--out" => opts.out = PathBuf::from(value("--out")?),
                 "--paced-secs" => {
                     opts.paced_secs = value("--paced-secs")?.parse().context("--paced-secs")?
@@ -132,9 +139,10 @@ impl Opts {
                     "paced" => opts.only = Some(Only::Paced),
                     "e2e" => opts.only = Some(Only::EndToEnd),
                     "dlq" => opts.only = Some(Only::Dlq),
+                    "rounds" => opts.only = Some(Only::Rounds),
                     other => {
                         anyhow::bail!(
-                            "--only {other:?}: `recorder`, `backlog`, `paced`, `e2e` or `dlq`"
+                            "--only {other:?}: `recorder`, `backlog`, `paced`, `e2e`, `dlq` or `rounds`"
                         )
                     }
                 },
@@ -147,7 +155,7 @@ impl Opts {
                 }
                 "--help" | "-h" => {
                     println!(
-                        "cargo bench --bench bench -- [--quick] [--n 20000] [--out target/bench] [--workers 1,2,4] [--only recorder|backlog|paced|e2e|dlq] [--paced-secs 5]"
+                        "cargo bench --bench bench -- [--quick] [--n 20000] [--out target/bench] [--workers 1,2,4] [--only recorder|backlog|paced|e2e|dlq|rounds] [--rounds 3] [--paced-secs 5]"
                     );
                     std::process::exit(0);
                 }
@@ -182,6 +190,8 @@ pub struct Results {
     pub relay: relay::RelayFigures,
     /// N dead letters ingested, then replayed ([`dlq::run`]).
     pub dlq: dlq::DlqRun,
+    /// The headline ratios in paired rounds ([`rounds::run`]); `None` with `--rounds 0`.
+    pub rounds: Option<rounds::Rounds>,
 }
 
 /// The `mailroom` under test: its binary (Cargo builds it for the `bench` target of the
@@ -267,6 +277,16 @@ async fn one_at_a_time_run(
     workers::one_at_a_time(services, sink, opts.floor_n, logs).await
 }
 
+/// The paired rounds ([`rounds::run`]) with this run's sizes.
+async fn rounds_run(
+    services: &Services,
+    sink: &SmtpSink,
+    opts: &Opts,
+    logs: &std::path::Path,
+) -> anyhow::Result<rounds::Rounds> {
+    rounds::run(services, sink, opts.rounds.max(1), opts, logs).await
+}
+
 fn step(what: &str) {
     eprintln!("bench: {what}");
 }
@@ -350,6 +370,11 @@ async fn run(opts: Opts) -> anyhow::Result<()> {
                 report::paced_cost(&run)
             );
         }
+        return Ok(());
+    }
+    if opts.only == Some(Only::Rounds) {
+        let rounds = rounds_run(&services, &sink, &opts, &logs).await?;
+        println!("{}", report::rounds_lines(&rounds));
         return Ok(());
     }
     if opts.only == Some(Only::Dlq) {
@@ -546,6 +571,11 @@ async fn run(opts: Opts) -> anyhow::Result<()> {
         run.label = label;
         end_to_end_paced.push(run);
     }
+    let rounds = if opts.rounds > 0 {
+        Some(rounds_run(&services, &sink, &opts, &logs).await?)
+    } else {
+        None
+    };
     step(&format!("dead letters: {} ingested, then replayed", opts.n));
     let dlq = dlq::run(&services, opts.n).await?;
     step(&format!("  {}", report::dlq_line(&dlq)));
@@ -576,6 +606,7 @@ async fn run(opts: Opts) -> anyhow::Result<()> {
         one_at_a_time,
         relay,
         dlq,
+        rounds,
     };
     let table = report::table(&results);
     println!("{table}");

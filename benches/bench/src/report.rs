@@ -454,6 +454,9 @@ pub fn table(r: &Results) -> String {
         thousands(r.raw_broker.rate),
         r.dlq.replay_rows_per_s / r.raw_broker.rate
     );
+    if let Some(rounds) = &r.rounds {
+        rounds_rows(&mut t, rounds);
+    }
     let _ = writeln!(t);
     let _ = writeln!(t, "{}", saturation(r));
     let _ = writeln!(
@@ -783,4 +786,41 @@ pub fn dlq_line(d: &crate::dlq::DlqRun) -> String {
         d.moved,
         thousands(d.replay_rows_per_s)
     )
+}
+
+/// The two rows of the paired rounds: each round's figures, raw limit and ratio, and the median.
+fn rounds_rows(t: &mut String, r: &crate::rounds::Rounds) {
+    let rows = [
+        (
+            "worker only, 1 process, each run right after its own grouped claim + record limit: emails/s",
+            &r.worker,
+            "PostgreSQL claim+record (group commit), pairs/s",
+        ),
+        (
+            "end to end, 1 relay + 1 worker behind 32 producers, each run right after the producers alone: emails/s",
+            &r.end_to_end,
+            "outbox commits, the producers alone, /s",
+        ),
+    ];
+    for (what, p, limit) in rows {
+        let _ = writeln!(
+            t,
+            "| **paired rounds**: {what} | {} | {limit}: {} | {}; median **{}** |",
+            joined(&p.ours, thousands),
+            joined(&p.raw, thousands),
+            joined(&p.ratios(), |v| format!("{v:.2}")),
+            p.median().map_or("–".into(), |m| format!("{m:.2}"))
+        );
+    }
+}
+
+fn joined(v: &[f64], f: impl Fn(f64) -> String) -> String {
+    v.iter().map(|&x| f(x)).collect::<Vec<_>>().join(" / ")
+}
+
+/// What `--only rounds` prints.
+pub fn rounds_lines(r: &crate::rounds::Rounds) -> String {
+    let mut t = String::new();
+    rounds_rows(&mut t, r);
+    t
 }
