@@ -42,6 +42,17 @@ async fn rows_of(app: &TestApp, job_id: &str) -> i64 {
     .await
 }
 
+/// The worker's count of deleted rows once it has reached `at_least`: the worker adds a
+/// batch to it after the batch's DELETE has returned, so the rows can be seen gone before the
+/// count has them. A count that never gets there fails the wait.
+async fn deleted_count(worker: &RunningWorker, at_least: u64) -> u64 {
+    eventually("the worker counted the deleted rows", || async {
+        let n = worker.stats.ledger_deleted.load(Ordering::Relaxed);
+        (n >= at_least).then_some(n)
+    })
+    .await
+}
+
 #[tokio::test]
 async fn settled_rows_past_the_retention_are_deleted_and_undecided_ones_kept() {
     let app = TestApp::spawn().await;
@@ -66,7 +77,7 @@ async fn settled_rows_past_the_retention_are_deleted_and_undecided_ones_kept() {
     for kept in kept {
         assert_eq!(rows_of(&app, kept).await, 1, "{kept} was deleted");
     }
-    assert_eq!(worker.stats.ledger_deleted.load(Ordering::Relaxed), 2);
+    assert_eq!(deleted_count(&worker, 2).await, 2);
     worker.stop().await;
 }
 
@@ -149,9 +160,7 @@ async fn old_rows_of_many_batches_are_all_deleted_and_nothing_younger() {
     .await;
     assert_eq!(rows_of(&app, "young-after").await, 1);
     assert_eq!(rows_of(&app, "old-failed").await, 1);
-    assert_eq!(
-        worker.stats.ledger_deleted.load(Ordering::Relaxed),
-        u64::try_from(old).unwrap()
-    );
+    let old = u64::try_from(old).unwrap();
+    assert_eq!(deleted_count(&worker, old).await, old);
     worker.stop().await;
 }
