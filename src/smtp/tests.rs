@@ -845,17 +845,10 @@ fn the_envelope_is_the_one_lettre_derives_from_the_headers() {
             .extend(fields.as_object().unwrap().clone());
         let job = crate::job::EmailJob::decode(body.to_string().as_bytes()).unwrap();
         let ours = build_message(&from, "shop.example", &job, &email).unwrap();
-        let mut theirs = Message::builder().from(from.clone()).subject("hello");
-        for m in &job.to {
-            theirs = theirs.to(m.clone());
-        }
-        for m in &job.cc {
-            theirs = theirs.cc(m.clone());
-        }
-        for m in &job.bcc {
-            theirs = theirs.bcc(m.clone());
-        }
-        let theirs = theirs.body(String::from("hi")).unwrap();
+        // The same From and recipient headers, the envelope left to lettre.
+        let theirs = recipients(Message::builder().from(from.clone()), &job)
+            .body(String::from("hi"))
+            .unwrap();
         assert_eq!(ours.envelope(), theirs.envelope(), "{body}");
         assert!(!ours.envelope().to().is_empty(), "{body}");
     }
