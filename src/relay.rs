@@ -29,6 +29,15 @@
 //! the rest at once. Two batches overlap: the next is claimed and written while the broker
 //! confirms the previous one and its marks commit ([`Relay::drain`]).
 //!
+//! Marks that wait for company: at moderate rates every wake-up finds a row or two, and a
+//! durable commit per wake-up was most of what the relay cost the database. The batch that
+//! drains the outbox is published and marked at once, but its transaction stays open for up
+//! to [`RelaySettings::commit_hold`]: the next wake-up's rows are claimed and marked in it, and one commit
+//! takes them all. Publishing never waits for it. Rows whose marks are held stay locked, so
+//! no relay publishes them again; a crash or a failed batch in that time rolls the held marks
+//! back, and those rows (at most `commit_hold`'s worth) are published again, which the
+//! worker's claim makes harmless, as after a crash between confirm and commit.
+//!
 //! Resource alarms: RabbitMQ blocks a publishing connection while it is low on memory or disk,
 //! and lapin then writes nothing on it. The confirm timeout covers writing the batch too, so a
 //! blocked batch is rolled back within it (its rows stay unpublished, its locks released); the
@@ -74,6 +83,9 @@ const MAX_ROW_BACKOFF: Duration = Duration::from_secs(300);
 const RETENTION_EVERY: (Duration, Duration) = (Duration::from_secs(1), Duration::from_secs(60));
 /// Rows deleted per retention statement: bounded so it never holds long locks.
 const RETENTION_BATCH: i64 = 1000;
+/// The longest `commit_hold` ([`RelaySettings::commit_hold`]): held marks keep their rows
+/// locked, their transaction open, and a crash publishes their rows again.
+pub const MAX_COMMIT_HOLD: Duration = Duration::from_secs(10);
 
 /// Relay settings.
 #[derive(Clone, Debug)]
@@ -100,16 +112,23 @@ pub struct RelaySettings {
     /// Outbox commits a second from which the WAL or binary log stream pauses (0: never);
     /// [`wal::PAUSE_ABOVE`] by default.
     pub stream_pause_above: u32,
+    /// How long the marks of the batch that drained the outbox may wait, uncommitted, for the
+    /// next wake-ups' rows to share their commit (10 ms by default; zero commits at once).
+    pub commit_hold: Duration,
 }
 
 /// What the relay did, for tests, the benchmark and metrics.
 #[derive(Debug, Default)]
 pub struct RelayStats {
     pub published: AtomicU64,
+    /// Commits of marked batches: with [`RelaySettings::commit_hold`], several wake-ups' rows share one.
+    pub commits: AtomicU64,
     pub refused: AtomicU64,
     pub parked: AtomicU64,
     /// Scans of the outbox (claim statements), busy or idle.
     pub scans: AtomicU64,
+    /// Scans that claimed rows.
+    pub batches: AtomicU64,
     /// Lock-free "is there work?" probes between scans.
     pub probes: AtomicU64,
     /// Published rows deleted past the retention age.
@@ -200,6 +219,24 @@ struct Written<'a> {
     /// Rows the claim returned (more than `outgoing` when the byte bound cut the batch).
     claimed: usize,
     cut: bool,
+    /// The marks already waiting in `batch`'s transaction, when it was a [`Held`] one.
+    held: Option<HeldMarks>,
+}
+
+/// Marks made in a transaction that is not committed yet ([`RelaySettings::commit_hold`]).
+#[derive(Clone, Copy, Debug)]
+struct HeldMarks {
+    /// Commit by then, whatever comes.
+    until: tokio::time::Instant,
+    /// Rows marked published in it.
+    published: u64,
+}
+
+/// The transaction of the batch that drained the outbox, its marks made and not committed: the
+/// next wake-up claims in it, or it commits at its deadline ([`RelaySettings::commit_hold`]).
+struct Held {
+    batch: OutboxBatch,
+    marks: HeldMarks,
 }
 
 impl Relay {
@@ -288,20 +325,39 @@ impl Relay {
         self.stats.sessions.fetch_add(1, Ordering::Relaxed);
         tracing::info!(exchange = %s.topology.exchange, wakeup = wakeup.mode().as_str(), "relaying");
         let (every_min, every_max) = RETENTION_EVERY;
-        let mut retention = tokio::time::interval((s.retention / 2).clamp(every_min, every_max));
-        loop {
-            let Some(claimed) = self.drain(&conn, &channel, shutdown).await? else {
-                break;
-            };
-            if claimed > 0 {
-                poll.busy();
+        let every = (s.retention / 2).clamp(every_min, every_max);
+        let mut retention = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+        let mut held = None;
+        let relayed = async {
+            loop {
+                let Some(claimed) = self.drain(&conn, &channel, &mut held, shutdown).await? else {
+                    break;
+                };
+                if claimed > 0 {
+                    poll.busy();
+                }
+                let waited = self.wait_for_work(
+                    &conn,
+                    &mut wakeup,
+                    &mut poll,
+                    &mut retention,
+                    &mut held,
+                    shutdown,
+                );
+                if !waited.await? {
+                    break;
+                }
             }
-            let waited =
-                self.wait_for_work(&conn, &mut wakeup, &mut poll, &mut retention, shutdown);
-            if !waited.await? {
-                break;
-            }
+            anyhow::Ok(())
         }
+        .await;
+        // Held marks are of confirmed publishes: they commit whatever ended the session.
+        let committed = match held.take() {
+            Some(held) => self.commit_held(held).await,
+            None => Ok(()),
+        };
+        relayed?;
+        committed?;
         wakeup.close().await;
         let _ = channel.close(200, "relay shutting down".into()).await;
         let _ = conn.close(200, "relay shutting down".into()).await;
@@ -310,7 +366,8 @@ impl Relay {
 
     /// Relays batches until a scan comes back short (the outbox is drained); returns the rows
     /// claimed, or `None` on shutdown. A batch the broker blocked is rolled back and retried
-    /// once it unblocks.
+    /// once it unblocks. The first claim is made in the `held` transaction, if any; the batch
+    /// that drains the outbox leaves its own there, marked and not committed ([`RelaySettings::commit_hold`]).
     ///
     /// Two batches overlap: the next one is claimed and written to the channel while the
     /// broker confirms the previous one and its marks commit, so the database's work and the
@@ -322,12 +379,13 @@ impl Relay {
         &self,
         conn: &lapin::Connection,
         channel: &Channel,
+        held: &mut Option<Held>,
         shutdown: &CancellationToken,
     ) -> anyhow::Result<Option<usize>> {
         let mut claimed = 0;
         let mut in_flight: Option<Written> = None;
         loop {
-            let next = match self.next_batch(channel, in_flight.take()).await {
+            let next = match self.next_batch(channel, in_flight.take(), held).await {
                 Ok(next) => next,
                 Err(e) => match self.wait_if_blocked(conn, e, shutdown).await? {
                     true => continue,
@@ -342,8 +400,11 @@ impl Relay {
                 // A whole batch can be written before the broker blocks the connection: then
                 // its confirms are what never come.
                 let rows = written.claimed;
-                match self.settle(written).await {
-                    Ok(()) => return Ok(Some(claimed + rows)),
+                match self.settle(written, !shutdown.is_cancelled()).await {
+                    Ok(hold) => {
+                        *held = hold;
+                        return Ok(Some(claimed + rows));
+                    }
                     Err(e) => match self.wait_if_blocked(conn, e, shutdown).await? {
                         true => continue,
                         false => return Ok(None),
@@ -380,35 +441,54 @@ impl Relay {
     }
 
     /// Claims and writes the next batch while `previous` is confirmed and committed; `None`
-    /// when the scan found nothing.
+    /// when the scan found nothing. The claim takes the `held` transaction, if any (there is
+    /// none while a batch is in flight), and puts it back when it found nothing.
     async fn next_batch<'s>(
         &'s self,
         channel: &Channel,
         previous: Option<Written<'s>>,
+        held: &mut Option<Held>,
     ) -> anyhow::Result<Option<Written<'s>>> {
         match previous {
-            None => self.claim_and_write(channel).await,
+            None => self.claim_and_write(channel, held).await,
             Some(previous) if previous.cut => {
-                self.settle(previous).await?;
-                self.claim_and_write(channel).await
+                self.settle(previous, false).await?;
+                self.claim_and_write(channel, held).await
             }
             Some(previous) => {
-                let (next, ()) =
-                    tokio::try_join!(self.claim_and_write(channel), self.settle(previous))?;
+                let (next, _) = tokio::try_join!(
+                    self.claim_and_write(channel, held),
+                    self.settle(previous, false)
+                )?;
                 Ok(next)
             }
         }
     }
 
-    /// Claims one batch and writes its messages to the channel, in order; its confirms are
-    /// awaited by [`Relay::settle`].
-    async fn claim_and_write(&self, channel: &Channel) -> anyhow::Result<Option<Written<'_>>> {
+    /// Claims one batch (in the `held` transaction, if any) and writes its messages to the
+    /// channel, in order; its confirms are awaited by [`Relay::settle`].
+    async fn claim_and_write(
+        &self,
+        channel: &Channel,
+        held: &mut Option<Held>,
+    ) -> anyhow::Result<Option<Written<'_>>> {
         self.stats.scans.fetch_add(1, Ordering::Relaxed);
-        let mut batch = self.db.claim_outbox_batch(self.settings.batch_size).await?;
+        let limit = self.settings.batch_size;
+        let (mut batch, marks) = match held.take() {
+            Some(Held { mut batch, marks }) => {
+                batch.claim_more(limit).await?;
+                (batch, Some(marks))
+            }
+            None => (self.db.claim_outbox_batch(limit).await?, None),
+        };
         if batch.rows.is_empty() {
-            batch.commit().await?;
+            match marks {
+                Some(marks) => *held = Some(Held { batch, marks }),
+                None => batch.commit().await?,
+            }
             return Ok(None);
         }
+        self.stats.batches.fetch_add(1, Ordering::Relaxed);
         let rows = std::mem::take(&mut batch.rows);
         let claimed = rows.len();
         let plan = batch::plan(rows, &self.settings.topology, self.settings.batch_bytes);
@@ -422,15 +502,19 @@ impl Relay {
             confirms,
             claimed,
             cut: plan.cut,
+            held: marks,
         }))
     }
 
-    /// Waits for a written batch's confirms, marks the rows the broker took, and commits.
-    async fn settle(&self, written: Written<'_>) -> anyhow::Result<()> {
+    /// Waits for a written batch's confirms, marks the rows the broker took, and commits; or,
+    /// when `hold` and the transaction's deadline has not passed, returns it uncommitted
+    /// ([`RelaySettings::commit_hold`]).
+    async fn settle(&self, written: Written<'_>, hold: bool) -> anyhow::Result<Option<Held>> {
         let Written {
             mut batch,
             outgoing,
             confirms,
+            held,
             ..
         } = written;
         let confirms = self.await_confirms(confirms).await?;
@@ -442,10 +526,28 @@ impl Relay {
             }
         }
         batch.mark_published(&published).await?;
-        batch.commit().await?;
+        let marks = HeldMarks {
+            until: held.map_or_else(
+                || tokio::time::Instant::now() + self.settings.commit_hold,
+                |h| h.until,
+            ),
+            published: held.map_or(0, |h| h.published) + published.len() as u64,
+        };
+        let held = Held { batch, marks };
+        if hold && tokio::time::Instant::now() < marks.until {
+            return Ok(Some(held));
+        }
+        self.commit_held(held).await?;
+        Ok(None)
+    }
+
+    /// Commits marked rows.
+    async fn commit_held(&self, held: Held) -> anyhow::Result<()> {
+        held.batch.commit().await?;
+        self.stats.commits.fetch_add(1, Ordering::Relaxed);
         self.stats
             .published
-            .fetch_add(published.len() as u64, Ordering::Relaxed);
+            .fetch_add(held.marks.published, Ordering::Relaxed);
         Ok(())
     }
 
@@ -457,10 +559,15 @@ impl Relay {
         wakeup: &mut Wakeup,
         poll: &mut AdaptivePoll,
         retention: &mut tokio::time::Interval,
+        held: &mut Option<Held>,
         shutdown: &CancellationToken,
     ) -> anyhow::Result<bool> {
+        // When the next probe is due: a held commit in between does not postpone it.
+        let mut probe_at = None;
         loop {
             poll.set_max(wakeup.ceiling(&self.settings));
+            let deadline = held.as_ref().map(|h| h.marks.until);
+            let probe = *probe_at.get_or_insert_with(|| tokio::time::Instant::now() + poll.idle());
             tokio::select! {
                 biased;
                 _ = shutdown.cancelled() => return Ok(false),
@@ -479,9 +586,28 @@ impl Relay {
                     poll.busy();
                     return Ok(true);
                 }
-                _ = tokio::time::sleep(poll.idle()) => {}
+                _ = tokio::time::sleep_until(deadline.unwrap_or_else(tokio::time::Instant::now)),
+                    if deadline.is_some() =>
+                {
+                    if let Some(held) = held.take() {
+                        self.commit_held(held).await?;
+                    }
+                    continue;
+                }
+                _ = tokio::time::sleep_until(probe) => {
+                    // The probe reads what is committed: held rows would look unpublished.
+                    if let Some(held) = held.take() {
+                        self.commit_held(held).await?;
+                    }
+                    probe_at = None;
+                }
                 _ = retention.tick() => {
+                    // Retention may take a while: the held marks do not wait past their deadline.
+                    if let Some(held) = held.take() {
+                        self.commit_held(held).await?;
+                    }
                     self.apply_retention().await;
+                    probe_at = None;
                     continue;
                 }
             }

@@ -40,6 +40,12 @@ pub struct RelayOptions {
     /// cores.
     #[arg(long, env = "MAILROOM_RELAY_STREAM_PAUSE_ABOVE", default_value_t = crate::relay::wal::PAUSE_ABOVE)]
     pub relay_stream_pause_above: u32,
+    /// How long the marks of the batch that drained the outbox may stay uncommitted, so that
+    /// the next wake-ups' rows share their commit (publishing never waits for it); a crash in
+    /// that time publishes those rows again, which the worker's claim makes harmless. 0 commits
+    /// every batch at once; at most 10s.
+    #[arg(long, env = "MAILROOM_RELAY_COMMIT_HOLD", default_value = "10ms", value_parser = parse_commit_hold)]
+    pub relay_commit_hold: Duration,
     /// Published outbox rows older than this are deleted (in batches of 1,000).
     #[arg(long, env = "MAILROOM_OUTBOX_RETENTION", default_value = "7d", value_parser = config::parse_duration)]
     pub outbox_retention: Duration,
@@ -57,8 +63,21 @@ impl RelayOptions {
             outbox_retention: self.outbox_retention,
             wakeup: self.relay_wakeup,
             stream_pause_above: self.relay_stream_pause_above,
+            commit_hold: self.relay_commit_hold,
         }
     }
+}
+
+/// A duration of at most [`crate::relay::MAX_COMMIT_HOLD`].
+fn parse_commit_hold(s: &str) -> Result<Duration, String> {
+    let hold = config::parse_duration(s)?;
+    let max = crate::relay::MAX_COMMIT_HOLD;
+    if hold > max {
+        return Err(format!(
+            "{s} is longer than {max:?}: held marks keep their rows locked and a crash publishes them again"
+        ));
+    }
+    Ok(hold)
 }
 
 #[derive(Debug, Args)]
@@ -94,5 +113,20 @@ impl RelayArgs {
     pub async fn run(&self) -> anyhow::Result<()> {
         let shutdown = crate::shutdown::on_signals()?;
         startup::run_relay(&self.config(), shutdown).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_commit_hold_past_its_bound_is_refused_naming_the_bound() {
+        assert_eq!(parse_commit_hold("0s"), Ok(Duration::ZERO));
+        assert_eq!(parse_commit_hold("10ms"), Ok(Duration::from_millis(10)));
+        assert_eq!(parse_commit_hold("10s"), Ok(Duration::from_secs(10)));
+        let err = parse_commit_hold("11s").unwrap_err();
+        assert!(err.contains("longer than 10s"), "{err}");
+        assert!(parse_commit_hold("soon").is_err());
     }
 }

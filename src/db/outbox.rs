@@ -147,6 +147,17 @@ enum BatchTx {
 }
 
 impl OutboxBatch {
+    /// Claims up to `limit` more rows in this transaction (into `rows`): rows committed since
+    /// its last claim, never the ones it marked already. Each statement reads what is committed
+    /// when it runs (READ COMMITTED on both engines).
+    pub async fn claim_more(&mut self, limit: i64) -> Result<(), sqlx::Error> {
+        self.rows = match &mut self.tx {
+            BatchTx::Postgres(tx) => postgres::claim_outbox_batch(tx, limit).await?,
+            BatchTx::MySql(tx) => mysql::claim_outbox_batch(tx, limit).await?,
+        };
+        Ok(())
+    }
+
     /// Marks rows the broker confirmed.
     pub async fn mark_published(&mut self, ids: &[i64]) -> Result<(), sqlx::Error> {
         if ids.is_empty() {

@@ -197,7 +197,7 @@ const CLAIM_BATCH: &str = "
 SELECT id, job_id, kind, payload::text AS payload, publish_attempts
 FROM mailroom_outbox
 WHERE published_at IS NULL AND parked_at IS NULL
-  AND (next_attempt_at IS NULL OR next_attempt_at <= now())
+  AND (next_attempt_at IS NULL OR next_attempt_at <= statement_timestamp())
 ORDER BY id
 LIMIT $1
 FOR UPDATE SKIP LOCKED";
@@ -222,7 +222,7 @@ pub(super) async fn outbox_has_work(pool: &PgPool) -> Result<bool, sqlx::Error> 
 pub(super) async fn mark_published(tx: &mut PgConnection, ids: &[i64]) -> Result<(), sqlx::Error> {
     sqlx::query(
         "UPDATE mailroom_outbox
-         SET published_at = now(), publish_attempts = publish_attempts + 1, last_error = NULL
+         SET published_at = statement_timestamp(), publish_attempts = publish_attempts + 1, last_error = NULL
          WHERE id = ANY($1)",
     )
     .bind(ids)
@@ -241,8 +241,8 @@ pub(super) async fn mark_publish_failed(
     sqlx::query(
         "UPDATE mailroom_outbox
          SET publish_attempts = publish_attempts + 1, last_error = $2,
-             next_attempt_at = now() + make_interval(secs => $3),
-             parked_at = CASE WHEN $4 THEN now() END
+             next_attempt_at = statement_timestamp() + make_interval(secs => $3),
+             parked_at = CASE WHEN $4 THEN statement_timestamp() END
          WHERE id = $1",
     )
     .bind(id)

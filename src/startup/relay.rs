@@ -28,6 +28,8 @@ pub struct RelayTuning {
     pub wakeup: WakeupChoice,
     /// Outbox commits a second that pause the WAL or binary log stream (0: never).
     pub stream_pause_above: u32,
+    /// How long a drained batch's marks may wait for the next rows' commit.
+    pub commit_hold: Duration,
 }
 
 /// What `mailroom relay` needs.
@@ -85,6 +87,7 @@ pub fn build_relay(
         database_url: Some(database_url.clone()),
         wakeup: tuning.wakeup,
         stream_pause_above: tuning.stream_pause_above,
+        commit_hold: tuning.commit_hold.min(crate::relay::MAX_COMMIT_HOLD),
     };
     Ok(Relay::new(settings, db))
 }

@@ -259,6 +259,117 @@ async fn relay_killed_between_confirm_and_mark_publishes_again_and_sends_once() 
     assert_eq!(app.smtp.count(&app.message_id("relay-crash", "welcome")), 1);
 }
 
+/// Marks that wait for company: with a hold longer than the test, each row committed on its own
+/// is published at once (in the queue) while the marks before it are still uncommitted and
+/// locked, and the three wake-ups' batches share one commit, made when the hold ends.
+#[tokio::test]
+async fn rows_committed_apart_are_published_at_once_and_their_marks_share_one_commit() {
+    let app = TestApp::spawn().await;
+    // Probes would commit the held marks first: none during the test.
+    let relay = app.start_relay(&[
+        "--relay-commit-hold",
+        "4s",
+        "--relay-poll-min",
+        "30s",
+        "--relay-poll",
+        "30s",
+    ]);
+    eventually("the relay's first scan", || async {
+        (relay.stats.scans.load(Ordering::Relaxed) >= 1).then_some(())
+    })
+    .await;
+    assert_ne!(
+        relay.stats.wakeup_mode(),
+        mailroom::relay::WakeupMode::Poll,
+        "a stream wakes it"
+    );
+    for i in 0..3u32 {
+        app.enqueue(&app.email_job(&format!("held-{i}")))
+            .await
+            .unwrap();
+        eventually("the row published", || async {
+            (app.ready_messages().await == i + 1).then_some(())
+        })
+        .await;
+        assert_eq!(
+            app.unpublished().await,
+            i64::from(i) + 1,
+            "no mark committed yet"
+        );
+        assert!(
+            app.unlocked_unpublished_ids().await.is_empty(),
+            "the relay holds every published row locked"
+        );
+    }
+    eventually("the held marks committed when the hold ended", || async {
+        (app.unpublished().await == 0).then_some(())
+    })
+    .await;
+    let stats = &relay.stats;
+    assert_eq!(
+        stats.batches.load(Ordering::Relaxed),
+        3,
+        "a batch per wake-up"
+    );
+    assert_eq!(
+        stats.commits.load(Ordering::Relaxed),
+        1,
+        "one commit for all three"
+    );
+    assert_eq!(stats.published.load(Ordering::Relaxed), 3);
+    relay.stop().await;
+}
+
+/// A relay killed while its marks are held: the rows of both batches it published are published
+/// again by the next relay, and each email is sent once.
+#[tokio::test]
+async fn a_relay_killed_while_its_marks_are_held_publishes_them_again_and_sends_once() {
+    let app = TestApp::spawn().await;
+    let hold = [
+        "--relay-commit-hold",
+        "8s",
+        "--relay-poll-min",
+        "30s",
+        "--relay-poll",
+        "30s",
+    ];
+    let mut held = app.spawn_relay_process(&hold, &[]);
+    for (i, id) in ["held-a", "held-b"].into_iter().enumerate() {
+        app.enqueue(&app.email_job(id)).await.unwrap();
+        eventually("the row published", || async {
+            (app.ready_messages().await as usize == i + 1).then_some(())
+        })
+        .await;
+    }
+    assert_eq!(
+        app.unpublished().await,
+        2,
+        "both marks held, none committed"
+    );
+    assert!(
+        app.unlocked_unpublished_ids().await.is_empty(),
+        "both rows held locked"
+    );
+    held.kill().await.unwrap();
+
+    let worker = app.start_worker(&[]);
+    let relay = app.start_relay(&[]);
+    worker
+        .stats
+        .wait_until(|s| s.sent == 2 && s.duplicates == 2)
+        .await;
+    relay.stop().await;
+    worker.stop().await;
+    assert_eq!(app.unpublished().await, 0);
+    for id in ["held-a", "held-b"] {
+        assert_eq!(
+            app.smtp.count(&app.message_id(id, "welcome")),
+            1,
+            "{id} sent once"
+        );
+    }
+}
+
 /// The relay claims and writes the next batch while the broker confirms the previous one and
 /// its marks commit. Held after its first batch's confirms (before the mark), the relay has
 /// written a second batch of other rows, and holds the locks of both and of nothing else.

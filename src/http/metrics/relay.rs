@@ -21,6 +21,16 @@ pub fn write(out: &mut String, r: &RelayStats) {
             &r.published,
         ),
         (
+            "mailroom_relay_batches_total",
+            "Claims of outbox rows that found some.",
+            &r.batches,
+        ),
+        (
+            "mailroom_relay_commits_total",
+            "Commits of published marks; several batches share one at moderate rates.",
+            &r.commits,
+        ),
+        (
             "mailroom_relay_refused_total",
             "Publishes the broker refused (unroutable or nacked).",
             &r.refused,
