@@ -1,8 +1,9 @@
 //! The relay: outbox → broker. It claims batches of unpublished rows with
 //! `FOR UPDATE SKIP LOCKED` (so several relays can run), publishes each persistent and
-//! `mandatory` with publisher confirms, and in the same transaction marks published only the
-//! rows whose confirm was a clean ack. A crash between confirm and commit publishes those rows
-//! again; the worker's claim makes the duplicate harmless.
+//! `mandatory` with publisher confirms, and commits the published mark of only the rows whose
+//! confirm was a clean ack (the claim marks every row it locks, in the same statement on
+//! PostgreSQL; refused rows are un-marked before the commit). A crash between confirm and
+//! commit publishes those rows again; the worker's claim makes the duplicate harmless.
 //!
 //! Wake-ups: after a batch the relay probes the outbox (one lock-free query) every `poll_min`,
 //! doubling while nothing comes, up to a ceiling. While a wake-up source runs the ceiling is
@@ -211,7 +212,7 @@ pub struct Relay {
 }
 
 /// A batch claimed and written to the channel: its transaction holds the rows' locks until
-/// [`Relay::settle`] marks the confirmed ones and commits.
+/// [`Relay::settle`] un-marks the refused ones (the claim marked them all) and commits.
 struct Written<'a> {
     batch: OutboxBatch,
     outgoing: Vec<batch::Outgoing<'a>>,
@@ -491,9 +492,12 @@ impl Relay {
         self.stats.batches.fetch_add(1, Ordering::Relaxed);
         let rows = std::mem::take(&mut batch.rows);
         let claimed = rows.len();
+        let ids: Vec<i64> = rows.iter().map(|row| row.id).collect();
         let plan = batch::plan(rows, &self.settings.topology, self.settings.batch_bytes);
         if plan.cut {
             self.stats.cut.fetch_add(1, Ordering::Relaxed);
+            // The claim marked the whole batch; the tail past the byte bound goes next time.
+            batch.unmark(&ids[plan.outgoing.len()..]).await?;
         }
         let confirms = self.write_all(channel, &plan.outgoing).await?;
         Ok(Some(Written {
@@ -506,7 +510,7 @@ impl Relay {
         }))
     }
 
-    /// Waits for a written batch's confirms, marks the rows the broker took, and commits; or,
+    /// Waits for a written batch's confirms, un-marks the rows the broker refused, and commits; or,
     /// when `hold` and the transaction's deadline has not passed, returns it uncommitted
     /// ([`RelaySettings::commit_hold`]).
     async fn settle(&self, written: Written<'_>, hold: bool) -> anyhow::Result<Option<Held>> {
@@ -519,19 +523,19 @@ impl Relay {
         } = written;
         let confirms = self.await_confirms(confirms).await?;
         failpoint::hit("relay.after_confirm").await;
-        let mut published = Vec::with_capacity(outgoing.len());
+        // The claim marked every row; a refused one is un-marked by `settle_row`.
+        let mut published = 0;
         for (out, confirm) in outgoing.iter().zip(confirms) {
             if self.settle_row(&mut batch, out, confirm).await? {
-                published.push(out.row.id);
+                published += 1;
             }
         }
-        batch.mark_published(&published).await?;
         let marks = HeldMarks {
             until: held.map_or_else(
                 || tokio::time::Instant::now() + self.settings.commit_hold,
                 |h| h.until,
             ),
-            published: held.map_or(0, |h| h.published) + published.len() as u64,
+            published: held.map_or(0, |h| h.published) + published,
         };
         let held = Held { batch, marks };
         if hold && tokio::time::Instant::now() < marks.until {

@@ -263,11 +263,27 @@ ORDER BY id
 LIMIT ?
 FOR UPDATE SKIP LOCKED";
 
+/// Locks the rows, then marks them (MySQL has no `UPDATE … RETURNING`): the marks commit only
+/// after the broker confirmed, and the relay un-marks what it did not publish.
 pub(super) async fn claim_outbox_batch(
     tx: &mut MySqlConnection,
     limit: i64,
 ) -> Result<Vec<PendingRow>, sqlx::Error> {
-    sqlx::query_as(CLAIM_BATCH).bind(limit).fetch_all(tx).await
+    let rows: Vec<PendingRow> = sqlx::query_as(CLAIM_BATCH)
+        .bind(limit)
+        .fetch_all(&mut *tx)
+        .await?;
+    if !rows.is_empty() {
+        let ids: Vec<i64> = rows.iter().map(|row| row.id).collect();
+        update_ids(
+            tx,
+            "SET published_at = UTC_TIMESTAMP(6), publish_attempts = publish_attempts + 1, \
+             last_error = NULL",
+            &ids,
+        )
+        .await?;
+    }
+    Ok(rows)
 }
 
 pub(super) async fn outbox_has_work(pool: &MySqlPool) -> Result<bool, sqlx::Error> {
@@ -282,16 +298,20 @@ pub(super) async fn outbox_has_work(pool: &MySqlPool) -> Result<bool, sqlx::Erro
     Ok(found.is_some())
 }
 
-pub(super) async fn mark_published(
-    tx: &mut MySqlConnection,
-    ids: &[i64],
-) -> Result<(), sqlx::Error> {
-    let mut q = QueryBuilder::new(
-        "UPDATE mailroom_outbox
-         SET published_at = UTC_TIMESTAMP(6), publish_attempts = publish_attempts + 1,
-             last_error = NULL
-         WHERE id IN (",
-    );
+pub(super) async fn unmark(tx: &mut MySqlConnection, ids: &[i64]) -> Result<(), sqlx::Error> {
+    update_ids(
+        tx,
+        "SET published_at = NULL, publish_attempts = publish_attempts - 1",
+        ids,
+    )
+    .await
+}
+
+/// `UPDATE mailroom_outbox <set> WHERE id IN (<ids>)`.
+async fn update_ids(tx: &mut MySqlConnection, set: &str, ids: &[i64]) -> Result<(), sqlx::Error> {
+    let mut q = QueryBuilder::new("UPDATE mailroom_outbox ");
+    q.push(set);
+    q.push(" WHERE id IN (");
     let mut list = q.separated(", ");
     for id in ids {
         list.push_bind(*id);
@@ -310,7 +330,7 @@ pub(super) async fn mark_publish_failed(
 ) -> Result<(), sqlx::Error> {
     sqlx::query(
         "UPDATE mailroom_outbox
-         SET publish_attempts = publish_attempts + 1, last_error = ?,
+         SET published_at = NULL, last_error = ?,
              next_attempt_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND,
              parked_at = CASE WHEN ? THEN UTC_TIMESTAMP(6) END
          WHERE id = ?",

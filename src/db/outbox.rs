@@ -135,7 +135,10 @@ pub async fn insert_admitted<C: OutboxWriter + ?Sized>(
 }
 
 /// A transaction holding the row locks of one relay batch: other relays skip these rows until
-/// it commits (or its connection dies, which rolls it back and frees them).
+/// it commits (or its connection dies, which rolls it back and frees them). Its rows are
+/// marked published as they are claimed (`publish_attempts` counted): the marks commit only
+/// after the broker confirmed, and what was not published is un-marked first
+/// ([`OutboxBatch::unmark`], [`OutboxBatch::mark_publish_failed`]).
 pub struct OutboxBatch {
     tx: BatchTx,
     pub rows: Vec<PendingRow>,
@@ -147,8 +150,8 @@ enum BatchTx {
 }
 
 impl OutboxBatch {
-    /// Claims up to `limit` more rows in this transaction (into `rows`): rows committed since
-    /// its last claim, never the ones it marked already. Each statement reads what is committed
+    /// Claims (and marks) up to `limit` more rows in this transaction (into `rows`): rows
+    /// committed since its last claim, never the ones it claimed already. Each statement reads what is committed
     /// when it runs (READ COMMITTED on both engines).
     pub async fn claim_more(&mut self, limit: i64) -> Result<(), sqlx::Error> {
         self.rows = match &mut self.tx {
@@ -158,18 +161,20 @@ impl OutboxBatch {
         Ok(())
     }
 
-    /// Marks rows the broker confirmed.
-    pub async fn mark_published(&mut self, ids: &[i64]) -> Result<(), sqlx::Error> {
+    /// Un-marks claimed rows that were not published (the tail of a batch cut by its bytes):
+    /// unpublished, their attempt not counted.
+    pub async fn unmark(&mut self, ids: &[i64]) -> Result<(), sqlx::Error> {
         if ids.is_empty() {
             return Ok(());
         }
         match &mut self.tx {
-            BatchTx::Postgres(tx) => postgres::mark_published(tx, ids).await,
-            BatchTx::MySql(tx) => mysql::mark_published(tx, ids).await,
+            BatchTx::Postgres(tx) => postgres::unmark(tx, ids).await,
+            BatchTx::MySql(tx) => mysql::unmark(tx, ids).await,
         }
     }
 
-    /// Records a refused publish: the row is retried after `retry_in`, or parked when `park`.
+    /// Records a refused publish: the row is unpublished again, its attempt counted, and
+    /// retried after `retry_in`, or parked when `park`.
     pub async fn mark_publish_failed(
         &mut self,
         id: i64,
@@ -230,7 +235,8 @@ impl Database {
         }
     }
 
-    /// Locks up to `limit` publishable rows in id order, skipping rows other relays hold.
+    /// Locks (and marks, uncommitted) up to `limit` publishable rows in id order, skipping rows
+    /// other relays hold.
     pub async fn claim_outbox_batch(&self, limit: i64) -> Result<OutboxBatch, sqlx::Error> {
         Ok(match self {
             Database::Postgres(pool) => {

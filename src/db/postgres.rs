@@ -193,20 +193,34 @@ pub(super) async fn insert_outbox_row(
         .await
 }
 
+/// Locks and marks in one statement: the marks commit only after the broker confirmed (the
+/// relay un-marks what it did not publish), so marking first is the same as marking last, for
+/// one statement per batch instead of two. `publish_attempts` is returned as it was before.
 const CLAIM_BATCH: &str = "
-SELECT id, job_id, kind, payload::text AS payload, publish_attempts
-FROM mailroom_outbox
-WHERE published_at IS NULL AND parked_at IS NULL
-  AND (next_attempt_at IS NULL OR next_attempt_at <= statement_timestamp())
-ORDER BY id
-LIMIT $1
-FOR UPDATE SKIP LOCKED";
+UPDATE mailroom_outbox o
+SET published_at = statement_timestamp(), publish_attempts = o.publish_attempts + 1,
+    last_error = NULL
+FROM (SELECT id FROM mailroom_outbox
+      WHERE published_at IS NULL AND parked_at IS NULL
+        AND (next_attempt_at IS NULL OR next_attempt_at <= statement_timestamp())
+      ORDER BY id
+      LIMIT $1
+      FOR UPDATE SKIP LOCKED) claimed
+WHERE o.id = claimed.id
+RETURNING o.id, o.job_id, o.kind, o.payload::text AS payload,
+          o.publish_attempts - 1 AS publish_attempts";
 
 pub(super) async fn claim_outbox_batch(
     tx: &mut PgConnection,
     limit: i64,
 ) -> Result<Vec<PendingRow>, sqlx::Error> {
-    sqlx::query_as(CLAIM_BATCH).bind(limit).fetch_all(tx).await
+    let mut rows: Vec<PendingRow> = sqlx::query_as(CLAIM_BATCH)
+        .bind(limit)
+        .fetch_all(tx)
+        .await?;
+    // RETURNING follows the join, not the subquery's order.
+    rows.sort_unstable_by_key(|row| row.id);
+    Ok(rows)
 }
 
 pub(super) async fn outbox_has_work(pool: &PgPool) -> Result<bool, sqlx::Error> {
@@ -219,10 +233,10 @@ pub(super) async fn outbox_has_work(pool: &PgPool) -> Result<bool, sqlx::Error> 
     .await
 }
 
-pub(super) async fn mark_published(tx: &mut PgConnection, ids: &[i64]) -> Result<(), sqlx::Error> {
+pub(super) async fn unmark(tx: &mut PgConnection, ids: &[i64]) -> Result<(), sqlx::Error> {
     sqlx::query(
         "UPDATE mailroom_outbox
-         SET published_at = statement_timestamp(), publish_attempts = publish_attempts + 1, last_error = NULL
+         SET published_at = NULL, publish_attempts = publish_attempts - 1
          WHERE id = ANY($1)",
     )
     .bind(ids)
@@ -240,7 +254,7 @@ pub(super) async fn mark_publish_failed(
 ) -> Result<(), sqlx::Error> {
     sqlx::query(
         "UPDATE mailroom_outbox
-         SET publish_attempts = publish_attempts + 1, last_error = $2,
+         SET published_at = NULL, last_error = $2,
              next_attempt_at = statement_timestamp() + make_interval(secs => $3),
              parked_at = CASE WHEN $4 THEN statement_timestamp() END
          WHERE id = $1",

@@ -263,6 +263,12 @@ async fn a_batch_past_the_byte_bound_is_cut_and_every_row_still_published_and_se
         cut >= 2,
         "6 rows of 20 KB in batches of 50 KB were cut {cut} times"
     );
+    assert_eq!(
+        app.count("SELECT count(*) FROM mailroom_outbox WHERE publish_attempts <> 1")
+            .await,
+        0,
+        "each row counts the one publish that sent it, not the cuts that put it off"
+    );
     let worker = app.start_worker(&[]);
     app.smtp.wait_for(6).await;
     worker.stop().await;

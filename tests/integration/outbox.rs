@@ -268,7 +268,7 @@ async fn rows_committed_apart_are_published_at_once_and_their_marks_share_one_co
     // Probes would commit the held marks first: none during the test.
     let relay = app.start_relay(&[
         "--relay-commit-hold",
-        "4s",
+        "8s",
         "--relay-poll-min",
         "30s",
         "--relay-poll",
@@ -451,7 +451,14 @@ async fn unroutable_rows_stay_unpublished_with_a_reason_until_the_queue_is_back(
         s.into_iter().find(|s| s.publish_attempts > 0)
     })
     .await;
-    assert_eq!(status.state, "queued");
+    assert_eq!(
+        status.state, "queued",
+        "the refused row is unpublished again"
+    );
+    assert_eq!(
+        status.publish_attempts, 1,
+        "one refused publish, counted once"
+    );
     assert!(status.last_error.unwrap().contains("unroutable"));
 
     // A worker declares the topology again when it starts, as after any broker incident.

@@ -56,8 +56,8 @@ pub struct RelayOnly {
     pub n: usize,
     /// From the commit of the N rows to the last one published: includes the wake-up (a few
     /// ms). The marks' own timestamps give no sound rate: a batch's rows share one
-    /// `published_at`, taken at the claim on PostgreSQL (`now()`) and at the mark on MariaDB,
-    /// and overlapping batches put those far closer together than a batch's work.
+    /// `published_at`, taken by the claim that marks them (on both engines), and overlapping
+    /// batches put those far closer together than a batch's work.
     pub rows_per_s: f64,
     pub complete: bool,
     /// Messages ready in the work queue afterwards (N + the warm-up row).
