@@ -296,6 +296,8 @@ impl Relay {
         let stats = &self.stats;
         tracing::info!(
             published = stats.published.load(Ordering::Relaxed),
+            batches = stats.batches.load(Ordering::Relaxed),
+            commits = stats.commits.load(Ordering::Relaxed),
             scans = stats.scans.load(Ordering::Relaxed),
             probes = stats.probes.load(Ordering::Relaxed),
             woken = stats.woken.load(Ordering::Relaxed),

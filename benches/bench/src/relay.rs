@@ -77,6 +77,9 @@ pub struct EndToEnd {
     pub wal_bytes_per_email: f64,
     /// PostgreSQL's CPU µs per email by client ([`crate::procstat::PgSessions`]).
     pub pg_clients: Vec<(String, f64)>,
+    /// The relay's batches and commits ([`logged_relay`]), warm-up included; `None` if it
+    /// logged none.
+    pub relay: Option<String>,
 }
 
 /// Producers' commit rate into the outbox, which bounds the end-to-end rate, once per
@@ -347,8 +350,30 @@ pub async fn end_to_end(
     }
     .await;
     fleet.stop().await;
+    let relay_log = logs.join(format!("{}-relay1.log", world.label));
     world.cleanup().await;
-    result
+    result.map(|run| EndToEnd {
+        relay: logged_relay(&relay_log),
+        ..run
+    })
+}
+
+/// The relay's batches and commits, from the line it logs when it stops (warm-up included):
+/// how many wake-ups' batches shared a commit (`--relay-commit-hold`).
+fn logged_relay(log: &Path) -> Option<String> {
+    let text = std::fs::read_to_string(log).ok()?;
+    let line = text.lines().rev().find(|l| l.contains("relay stopped"))?;
+    let field = |name: &str| -> Option<u64> {
+        line.split_whitespace()
+            .find_map(|w| w.strip_prefix(name)?.strip_prefix('=')?.parse().ok())
+    };
+    // A build from before shared commits logs no such fields.
+    let (published, batches, commits) = (field("published")?, field("batches")?, field("commits")?);
+    Some(format!(
+        "relay: {commits} commits for {batches} batches of {published} rows ({:.2} batches, {:.2} rows per commit)",
+        batches as f64 / commits.max(1) as f64,
+        published as f64 / commits.max(1) as f64
+    ))
 }
 
 async fn end_to_end_in(
@@ -406,5 +431,6 @@ async fn end_to_end_in(
         cpu,
         wal_bytes_per_email: wal as f64 / sent.max(1) as f64,
         pg_clients,
+        relay: None,
     })
 }

@@ -210,7 +210,7 @@ fn backlog_cpu_cost(w: &crate::workers::BacklogRun) -> String {
 
 /// [`cost_line`] of an end-to-end run (relay + worker), with its WAL.
 pub fn end_to_end_cost(e: &crate::relay::EndToEnd) -> String {
-    format!(
+    let mut text = format!(
         "{}\n{}\n{}",
         cpu_line(&e.cpu),
         cost_line(
@@ -220,7 +220,9 @@ pub fn end_to_end_cost(e: &crate::relay::EndToEnd) -> String {
             Some(e.wal_bytes_per_email),
         ),
         crate::procstat::pg_clients_line(&e.pg_clients)
-    )
+    );
+    text.push_str(&relay_suffix(e));
+    text
 }
 
 /// [`cost_line`] of a paced worker run, with its SMTP server.
@@ -585,14 +587,15 @@ fn relay_rows(t: &mut String, r: &Results, limit_text: &str) {
     );
     let _ = writeln!(
         t,
-        "| end to end at full speed: CPU per email by process (producers' commits included in PostgreSQL's) | {}; {} | | |",
+        "| end to end at full speed: CPU per email by process (producers' commits included in PostgreSQL's) | {}; {}{} | | |",
         cost_line(
             &max.cpu,
             max.sent as f64,
             "relay + worker",
             Some(max.wal_bytes_per_email)
         ),
-        crate::procstat::pg_clients_line(&max.pg_clients)
+        crate::procstat::pg_clients_line(&max.pg_clients),
+        relay_suffix(max)
     );
     let floor = path_floor_ms(r);
     for p in &rel.end_to_end_paced {
@@ -733,7 +736,7 @@ fn e2e_paced_row(t: &mut String, p: &EndToEnd, floor: f64) {
     );
     let _ = writeln!(
         t,
-        "| end to end at {}: CPU per email by process | {}; {} | | |",
+        "| end to end at {}: CPU per email by process | {}; {}{} | | |",
         p.label,
         cost_line(
             &p.cpu,
@@ -741,8 +744,16 @@ fn e2e_paced_row(t: &mut String, p: &EndToEnd, floor: f64) {
             "relay + worker",
             Some(p.wal_bytes_per_email)
         ),
-        crate::procstat::pg_clients_line(&p.pg_clients)
+        crate::procstat::pg_clients_line(&p.pg_clients),
+        relay_suffix(p)
     );
+}
+
+/// `; relay: … commits for … batches` when the run's relay logged them.
+fn relay_suffix(e: &crate::relay::EndToEnd) -> String {
+    e.relay
+        .as_ref()
+        .map_or_else(String::new, |relay| format!("; {relay}"))
 }
 
 /// Which part saturates first, from the CPU shares of the worker runs.
