@@ -31,10 +31,10 @@
 //! confirms the previous one and its marks commit ([`Relay::drain`]).
 //!
 //! Marks that wait for company: at moderate rates every wake-up finds a row or two, and a
-//! durable commit per wake-up was most of what the relay cost the database. The batch that
-//! drains the outbox is published and marked at once, but its transaction stays open for up
-//! to [`RelaySettings::commit_hold`]: the next wake-up's rows are claimed and marked in it, and one commit
-//! takes them all. Publishing never waits for it. Rows whose marks are held stay locked, so
+//! durable commit per wake-up was a large part of what the relay cost the database. The batch
+//! that drains the outbox is published and marked at once, but its transaction stays open for
+//! up to [`RelaySettings::commit_hold`]: the next wake-ups' rows are claimed and marked in it,
+//! and one commit takes them all. Publishing never waits for it. Rows whose marks are held stay locked, so
 //! no relay publishes them again; a crash or a failed batch in that time rolls the held marks
 //! back, and those rows (at most `commit_hold`'s worth) are published again, which the
 //! worker's claim makes harmless, as after a crash between confirm and commit.
@@ -122,7 +122,8 @@ pub struct RelaySettings {
 #[derive(Debug, Default)]
 pub struct RelayStats {
     pub published: AtomicU64,
-    /// Commits of marked batches: with [`RelaySettings::commit_hold`], several wake-ups' rows share one.
+    /// Commits of marked batches: with [`RelaySettings::commit_hold`], several wake-ups' rows
+    /// share one.
     pub commits: AtomicU64,
     pub refused: AtomicU64,
     pub parked: AtomicU64,
@@ -370,7 +371,8 @@ impl Relay {
     /// Relays batches until a scan comes back short (the outbox is drained); returns the rows
     /// claimed, or `None` on shutdown. A batch the broker blocked is rolled back and retried
     /// once it unblocks. The first claim is made in the `held` transaction, if any; the batch
-    /// that drains the outbox leaves its own there, marked and not committed ([`RelaySettings::commit_hold`]).
+    /// that drains the outbox leaves its own there, marked and not committed
+    /// ([`RelaySettings::commit_hold`]).
     ///
     /// Two batches overlap: the next one is claimed and written to the channel while the
     /// broker confirms the previous one and its marks commit, so the database's work and the

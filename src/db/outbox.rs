@@ -151,8 +151,8 @@ enum BatchTx {
 
 impl OutboxBatch {
     /// Claims (and marks) up to `limit` more rows in this transaction (into `rows`): rows
-    /// committed since its last claim, never the ones it claimed already. Each statement reads what is committed
-    /// when it runs (READ COMMITTED on both engines).
+    /// committed since its last claim, never the ones it claimed already. Each statement reads
+    /// what is committed when it runs (READ COMMITTED on both engines).
     pub async fn claim_more(&mut self, limit: i64) -> Result<(), sqlx::Error> {
         self.rows = match &mut self.tx {
             BatchTx::Postgres(tx) => postgres::claim_outbox_batch(tx, limit).await?,
