@@ -63,8 +63,10 @@ async fn sigterm_with_50_jobs_in_flight_sends_all_once_and_exits_0() {
 /// would spend the same jobs' again and again until the broker dead-letters them.
 #[tokio::test]
 async fn a_worker_stopped_over_a_backlog_hands_back_no_delivery() {
-    const JOBS: u32 = 400;
-    let app = TestApp::spawn_with(&["--data-delay", "0.02"]).await;
+    // 8 sends of 50 ms at once: some 160 a second, so the prefetch stays full for seconds and a
+    // loaded machine's slow polls still see it (at 20 ms, 400 jobs could drain between two).
+    const JOBS: u32 = 600;
+    let app = TestApp::spawn_with(&["--data-delay", "0.05"]).await;
     for i in 0..JOBS {
         app.publish(&app.job(&format!("backlog-{i}"))).await;
     }
