@@ -170,13 +170,15 @@ impl Follower {
 
 /// Outbox commits a second from which the relay closes its stream and probes instead
 /// (`--relay-stream-pause-above`). A stream is not free: PostgreSQL decodes each transaction
-/// of the database for the slot (some 20 µs of server CPU on this project's bench machine, and
-/// 10 µs in the relay), and MariaDB's dump thread reads and sends every event of the binary
-/// log. At 1,000 outbox commits a second that is a few per cent of one core, taken from the
-/// producers when they fill the cores. Above that rate a probe every `poll_min` (10 ms) finds
-/// ten rows or more, so the stream saves no latency worth its cost; below it, the stream keeps
-/// commit → published at a few milliseconds.
-pub const PAUSE_ABOVE: u32 = 1_000;
+/// of the database for the slot (about 140 µs of server CPU per email end to end on this
+/// project's bench machine), and MariaDB's dump thread reads and sends every event of the
+/// binary log. Worse, it wakes the relay for each commit: every row then travels alone, a
+/// claim, a publish, a delivery and a claim in the ledger of its own. Above 200 commits a
+/// second a probe every `poll_min` (10 ms) finds two rows or more, and rows that travel
+/// together cost the whole pipeline far less (at 500/s: 1,316–1,440 µs of CPU per email
+/// against 2,216–2,484 with the stream, docs/PERFORMANCE.md) for some 8 ms of latency; below
+/// it, the stream keeps commit → published at a few milliseconds.
+pub const PAUSE_ABOVE: u32 = 200;
 /// The window the threshold is counted in.
 const RATE_WINDOW: Duration = Duration::from_secs(1);
 
