@@ -36,8 +36,9 @@ pub struct RelayOptions {
     pub relay_wakeup: WakeupChoice,
     /// Outbox commits a second from which the relay pauses its stream (the WAL or the binary
     /// log) and probes every --relay-poll-min instead, until the outbox is quiet; 0 never
-    /// pauses. The server decodes or sends every transaction for the stream, on the producers'
-    /// cores.
+    /// pauses. The server decodes or sends every transaction for the stream, and each commit
+    /// it reports is published alone; rows a probe finds together travel together, for up to
+    /// --relay-poll-min more latency.
     #[arg(long, env = "MAILROOM_RELAY_STREAM_PAUSE_ABOVE", default_value_t = crate::relay::wal::PAUSE_ABOVE)]
     pub relay_stream_pause_above: u32,
     /// How long the marks of the batch that drained the outbox may stay uncommitted, so that
