@@ -356,10 +356,7 @@ impl Relay {
         }
         .await;
         // Held marks are of confirmed publishes: they commit whatever ended the session.
-        let committed = match held.take() {
-            Some(held) => self.commit_held(held).await,
-            None => Ok(()),
-        };
+        let committed = self.commit_if_held(&mut held).await;
         relayed?;
         committed?;
         wakeup.close().await;
@@ -549,6 +546,14 @@ impl Relay {
         Ok(None)
     }
 
+    /// Commits the held marks, if any.
+    async fn commit_if_held(&self, held: &mut Option<Held>) -> anyhow::Result<()> {
+        match held.take() {
+            Some(held) => self.commit_held(held).await,
+            None => Ok(()),
+        }
+    }
+
     /// Commits marked rows.
     async fn commit_held(&self, held: Held) -> anyhow::Result<()> {
         held.batch.commit().await?;
@@ -597,23 +602,17 @@ impl Relay {
                 _ = tokio::time::sleep_until(deadline.unwrap_or_else(tokio::time::Instant::now)),
                     if deadline.is_some() =>
                 {
-                    if let Some(held) = held.take() {
-                        self.commit_held(held).await?;
-                    }
+                    self.commit_if_held(held).await?;
                     continue;
                 }
                 _ = tokio::time::sleep_until(probe) => {
                     // The probe reads what is committed: held rows would look unpublished.
-                    if let Some(held) = held.take() {
-                        self.commit_held(held).await?;
-                    }
+                    self.commit_if_held(held).await?;
                     probe_at = None;
                 }
                 _ = retention.tick() => {
                     // Retention may take a while: the held marks do not wait past their deadline.
-                    if let Some(held) = held.take() {
-                        self.commit_held(held).await?;
-                    }
+                    self.commit_if_held(held).await?;
                     self.apply_retention().await;
                     probe_at = None;
                     continue;

@@ -259,6 +259,17 @@ async fn relay_killed_between_confirm_and_mark_publishes_again_and_sends_once() 
     assert_eq!(app.smtp.count(&app.message_id("relay-crash", "welcome")), 1);
 }
 
+/// A relay whose marks wait the longest hold for company, and that never probes meanwhile
+/// (a probe commits held marks first): only the deadline, a full batch or the end commits.
+const HOLD_THROUGH_THE_TEST: [&str; 6] = [
+    "--relay-commit-hold",
+    "10s",
+    "--relay-poll-min",
+    "30s",
+    "--relay-poll",
+    "30s",
+];
+
 /// Marks that wait for company: with a hold longer than the test, a row committed on its own is
 /// published at once (in the queue) while its mark is uncommitted and locked, every published
 /// row stays locked or committed (never free for another relay), and the three wake-ups'
@@ -267,15 +278,7 @@ async fn relay_killed_between_confirm_and_mark_publishes_again_and_sends_once() 
 #[tokio::test]
 async fn rows_committed_apart_are_published_at_once_and_their_marks_share_commits() {
     let app = TestApp::spawn().await;
-    // Probes would commit the held marks first: none during the test.
-    let relay = app.start_relay(&[
-        "--relay-commit-hold",
-        "10s",
-        "--relay-poll-min",
-        "30s",
-        "--relay-poll",
-        "30s",
-    ]);
+    let relay = app.start_relay(&HOLD_THROUGH_THE_TEST);
     eventually("the relay's first scan", || async {
         (relay.stats.scans.load(Ordering::Relaxed) >= 1).then_some(())
     })
@@ -330,15 +333,7 @@ async fn rows_committed_apart_are_published_at_once_and_their_marks_share_commit
 #[tokio::test]
 async fn a_relay_killed_while_its_marks_are_held_publishes_them_again_and_sends_once() {
     let app = TestApp::spawn().await;
-    let hold = [
-        "--relay-commit-hold",
-        "10s",
-        "--relay-poll-min",
-        "30s",
-        "--relay-poll",
-        "30s",
-    ];
-    let mut held = app.spawn_relay_process(&hold, &[]);
+    let mut held = app.spawn_relay_process(&HOLD_THROUGH_THE_TEST, &[]);
     for (i, id) in ["held-a", "held-b"].into_iter().enumerate() {
         app.enqueue(&app.email_job(id)).await.unwrap();
         eventually("the row published", || async {
