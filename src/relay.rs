@@ -37,7 +37,9 @@
 //! and one commit takes them all. Publishing never waits for it. Rows whose marks are held stay locked, so
 //! no relay publishes them again; a crash or a failed batch in that time rolls the held marks
 //! back, and those rows (at most `commit_hold`'s worth) are published again, which the
-//! worker's claim makes harmless, as after a crash between confirm and commit.
+//! worker's claim makes harmless, as after a crash between confirm and commit. Each session
+//! holds at most half the limit the database server puts on a transaction left open
+//! ([`hold_within`]), so the server never ends a held transaction's session itself.
 //!
 //! Resource alarms: RabbitMQ blocks a publishing connection while it is low on memory or disk,
 //! and lapin then writes nothing on it. The confirm timeout covers writing the batch too, so a
@@ -50,6 +52,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
 use std::time::Duration;
 
+use anyhow::Context;
 use futures_util::future::join_all;
 use lapin::{Channel, Confirmation, PublisherConfirm, options::BasicPublishOptions};
 use tokio::sync::Notify;
@@ -87,6 +90,17 @@ const RETENTION_BATCH: i64 = 1000;
 /// The longest `commit_hold` ([`RelaySettings::commit_hold`]): held marks keep their rows
 /// locked, their transaction open, and a crash publishes their rows again.
 pub const MAX_COMMIT_HOLD: Duration = Duration::from_secs(10);
+
+/// The hold a session uses: `wanted`, but at most half the server's `limit` on a transaction
+/// left open ([`Database::transaction_idle_limit`]), so that held marks always commit well
+/// before the server would end their session (and publish their rows again). The bound is
+/// the code's, whatever the two settings say.
+pub fn hold_within(wanted: Duration, limit: Option<Duration>) -> Duration {
+    match limit {
+        Some(limit) => wanted.min(limit / 2),
+        None => wanted,
+    }
+}
 
 /// Relay settings.
 #[derive(Clone, Debug)]
@@ -210,6 +224,8 @@ pub struct Relay {
     /// The broker connection of the session that is up (confirm channel and database wake-up
     /// source open), `None` between sessions (`/readyz`).
     live: tokio::sync::watch::Sender<Option<lapin::ConnectionStatus>>,
+    /// This session's `commit_hold` in microseconds, bounded by the server ([`hold_within`]).
+    hold_us: AtomicU64,
 }
 
 /// A batch claimed and written to the channel: its transaction holds the rows' locks until
@@ -249,6 +265,7 @@ impl Relay {
             stats: Arc::default(),
             wake: Arc::default(),
             live: tokio::sync::watch::Sender::new(None),
+            hold_us: AtomicU64::new(0),
         }
     }
 
@@ -315,6 +332,7 @@ impl Relay {
         reconnect: &mut broker::Reconnect,
     ) -> anyhow::Result<()> {
         let s = &self.settings;
+        self.bound_hold().await?;
         let conn = broker::connect(&s.amqp, &s.name).await?;
         broker::declare_and_repair(&conn, &s.amqp, &s.topology, &s.name).await?;
         let channel = broker::confirm_channel(&conn).await?;
@@ -532,10 +550,7 @@ impl Relay {
             }
         }
         let marks = HeldMarks {
-            until: held.map_or_else(
-                || tokio::time::Instant::now() + self.settings.commit_hold,
-                |h| h.until,
-            ),
+            until: held.map_or_else(|| tokio::time::Instant::now() + self.hold(), |h| h.until),
             published: held.map_or(0, |h| h.published) + published,
         };
         let held = Held { batch, marks };
@@ -544,6 +559,39 @@ impl Relay {
         }
         self.commit_held(held).await?;
         Ok(None)
+    }
+
+    /// Reads the server's limit on open transactions and bounds this session's hold by it
+    /// ([`hold_within`]), saying so when that shortens `commit_hold`.
+    async fn bound_hold(&self) -> anyhow::Result<()> {
+        let wanted = self.settings.commit_hold;
+        let hold = if wanted.is_zero() {
+            wanted
+        } else {
+            let limit = self
+                .db
+                .transaction_idle_limit()
+                .await
+                .context("reading the database server's transaction timeouts")?;
+            let hold = hold_within(wanted, limit);
+            if let Some(limit) = limit.filter(|_| hold < wanted) {
+                tracing::warn!(
+                    commit_hold = ?wanted,
+                    held_at_most = ?hold,
+                    server_limit = ?limit,
+                    "relay holds its marks for less than --relay-commit-hold: the database server ends a transaction left open for its limit"
+                );
+            }
+            hold
+        };
+        self.hold_us
+            .store(hold.as_micros() as u64, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// How long the batch that drains the outbox may keep its marks uncommitted this session.
+    fn hold(&self) -> Duration {
+        Duration::from_micros(self.hold_us.load(Ordering::Relaxed))
     }
 
     /// Commits the held marks, if any.
@@ -806,5 +854,15 @@ mod tests {
         let mut poll = AdaptivePoll::new(Duration::from_secs(2), Duration::from_secs(1));
         assert_eq!(poll.idle(), Duration::from_secs(2));
         assert_eq!(poll.idle(), Duration::from_secs(2));
+    }
+
+    #[test]
+    fn a_hold_stays_within_half_the_servers_limit_on_open_transactions() {
+        let ms = Duration::from_millis;
+        assert_eq!(hold_within(ms(10), None), ms(10), "no limit");
+        assert_eq!(hold_within(ms(10), Some(ms(60_000))), ms(10));
+        assert_eq!(hold_within(ms(10_000), Some(ms(400))), ms(200));
+        assert_eq!(hold_within(ms(10), Some(ms(20))), ms(10), "exactly half");
+        assert_eq!(hold_within(ms(10), Some(ms(1))), Duration::from_micros(500));
     }
 }

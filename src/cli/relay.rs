@@ -44,7 +44,8 @@ pub struct RelayOptions {
     /// How long the marks of the batch that drained the outbox may stay uncommitted, so that
     /// the next wake-ups' rows share their commit (publishing never waits for it); a crash in
     /// that time publishes those rows again, which the worker's claim makes harmless. 0 commits
-    /// every batch at once; at most 10s.
+    /// every batch at once; at most 10s, and at most half the database server's limit on a
+    /// transaction left open (read at each session's start).
     #[arg(long, env = "MAILROOM_RELAY_COMMIT_HOLD", default_value = "10ms", value_parser = parse_commit_hold)]
     pub relay_commit_hold: Duration,
     /// Published outbox rows older than this are deleted (in batches of 1,000).

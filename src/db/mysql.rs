@@ -298,6 +298,25 @@ pub(super) async fn outbox_has_work(pool: &MySqlPool) -> Result<bool, sqlx::Erro
     Ok(found.is_some())
 }
 
+pub(super) async fn transaction_idle_limit(
+    pool: &MySqlPool,
+) -> Result<Option<Duration>, sqlx::Error> {
+    // Seconds, 0 is off. MySQL has only `wait_timeout`; `SHOW` leaves out what the server
+    // does not have, where `SELECT @@name` would fail.
+    let values: Vec<(String, String)> = sqlx::query_as(
+        "SHOW SESSION VARIABLES WHERE Variable_name IN
+           ('wait_timeout', 'idle_transaction_timeout', 'idle_write_transaction_timeout')",
+    )
+    .fetch_all(pool)
+    .await?;
+    Ok(values
+        .iter()
+        .filter_map(|(_, value)| value.trim().parse::<f64>().ok())
+        .filter(|&seconds| seconds > 0.0)
+        .map(Duration::from_secs_f64)
+        .min())
+}
+
 pub(super) async fn unmark(tx: &mut MySqlConnection, ids: &[i64]) -> Result<(), sqlx::Error> {
     update_ids(
         tx,

@@ -267,6 +267,18 @@ impl Database {
         }
     }
 
+    /// The shortest time the server lets a transaction of this pool's sessions stay open or
+    /// idle before it ends the session (`None`: no such limit): PostgreSQL's
+    /// `idle_in_transaction_session_timeout` and `transaction_timeout`; MariaDB's
+    /// `idle_transaction_timeout` and `idle_write_transaction_timeout`, and `wait_timeout`
+    /// on both MySQL and MariaDB. The relay holds its marks well inside it.
+    pub async fn transaction_idle_limit(&self) -> Result<Option<Duration>, sqlx::Error> {
+        match self {
+            Database::Postgres(pool) => postgres::transaction_idle_limit(pool).await,
+            Database::MySql(pool) => mysql::transaction_idle_limit(pool).await,
+        }
+    }
+
     /// Deletes up to `limit` rows published more than `age` ago; returns how many went.
     pub async fn delete_published_before(
         &self,

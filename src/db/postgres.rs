@@ -233,6 +233,18 @@ pub(super) async fn outbox_has_work(pool: &PgPool) -> Result<bool, sqlx::Error> 
     .await
 }
 
+pub(super) async fn transaction_idle_limit(pool: &PgPool) -> Result<Option<Duration>, sqlx::Error> {
+    // `setting` is in milliseconds for both; 0 is off; `transaction_timeout` is PostgreSQL 17's.
+    let ms: Option<i64> = sqlx::query_scalar(
+        "SELECT min(setting::bigint) FROM pg_settings
+         WHERE name IN ('idle_in_transaction_session_timeout', 'transaction_timeout')
+           AND setting::bigint > 0",
+    )
+    .fetch_one(pool)
+    .await?;
+    Ok(ms.map(|ms| Duration::from_millis(ms.unsigned_abs())))
+}
+
 pub(super) async fn unmark(tx: &mut PgConnection, ids: &[i64]) -> Result<(), sqlx::Error> {
     sqlx::query(
         "UPDATE mailroom_outbox

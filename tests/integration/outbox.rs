@@ -328,6 +328,99 @@ async fn rows_committed_apart_are_published_at_once_and_their_marks_share_commit
     relay.stop().await;
 }
 
+/// A server that ends transactions left idle sooner than the hold: the relay holds its marks
+/// for half the server's limit instead (1 s of 2), so its session survives, every row is
+/// published once, and the marks commit long before the 10 s asked for. Held for the full 10 s,
+/// the server would end the session after 2 s and the rows would be published again.
+#[tokio::test]
+async fn a_hold_longer_than_the_server_lets_a_transaction_idle_is_cut_to_half_its_limit() {
+    if !runs_on(
+        Engine::Postgres,
+        "a session's idle-transaction limit is set by the URL only on PostgreSQL; \
+         MariaDB's is read in outbox::the_servers_limit_on_open_transactions_is_read_per_session",
+    ) {
+        return;
+    }
+    let app = TestApp::spawn().await;
+    let sep = if app.db_url.contains('?') { '&' } else { '?' };
+    let url = format!(
+        "{}{sep}options[idle_in_transaction_session_timeout]=2000",
+        app.db_url
+    );
+    let mut args = HOLD_THROUGH_THE_TEST.to_vec();
+    args.extend(["--database-url", &url]);
+    let relay = app.start_relay(&args);
+    relay.wait_started().await;
+    for i in 0..2u32 {
+        app.enqueue(&app.email_job(&format!("limited-{i}")))
+            .await
+            .unwrap();
+        // Within the 10 s hold asked for: only the bound commits it this soon.
+        eventually_within(
+            std::time::Duration::from_secs(6),
+            "the mark committed within half the server's limit",
+            || async { (app.unpublished().await == 0).then_some(()) },
+        )
+        .await;
+        assert_eq!(app.ready_messages().await, i + 1, "each row published once");
+    }
+    let stats = &relay.stats;
+    assert_eq!(
+        stats.sessions.load(Ordering::Relaxed),
+        1,
+        "the session survived"
+    );
+    assert_eq!(stats.published.load(Ordering::Relaxed), 2);
+    assert_eq!(stats.commits.load(Ordering::Relaxed), 2);
+    relay.stop().await;
+}
+
+/// What bounds the relay's hold: the smallest limit the server puts on a transaction left open,
+/// read from the session (PostgreSQL's idle-transaction timeout; MariaDB's idle-transaction
+/// timeouts and `wait_timeout`, MySQL's only one).
+#[tokio::test]
+async fn the_servers_limit_on_open_transactions_is_read_per_session() {
+    use sqlx::Executor;
+    let app = TestApp::spawn().await;
+    let settings: &[(&str, u64)] = match engine() {
+        Engine::Postgres => &[("SET idle_in_transaction_session_timeout = 1500", 1500)],
+        Engine::MySql => &[
+            ("SET SESSION idle_transaction_timeout = 3", 3000),
+            ("SET SESSION idle_write_transaction_timeout = 4", 4000),
+            ("SET SESSION wait_timeout = 2", 2000),
+        ],
+    };
+    for &(set, ms) in settings {
+        let db = match engine() {
+            Engine::Postgres => mailroom::db::Database::Postgres(
+                sqlx::postgres::PgPoolOptions::new()
+                    .max_connections(1)
+                    .after_connect(move |c, _| {
+                        Box::pin(async move { c.execute(set).await.map(|_| ()) })
+                    })
+                    .connect(&app.db_url)
+                    .await
+                    .unwrap(),
+            ),
+            Engine::MySql => mailroom::db::Database::MySql(
+                sqlx::mysql::MySqlPoolOptions::new()
+                    .max_connections(1)
+                    .after_connect(move |c, _| {
+                        Box::pin(async move { c.execute(set).await.map(|_| ()) })
+                    })
+                    .connect(&app.db_url)
+                    .await
+                    .unwrap(),
+            ),
+        };
+        assert_eq!(
+            db.transaction_idle_limit().await.unwrap(),
+            Some(std::time::Duration::from_millis(ms)),
+            "{set}"
+        );
+    }
+}
+
 /// A relay killed while its marks are held: the rows of both batches it published are published
 /// again by the next relay, and each email is sent once.
 #[tokio::test]
