@@ -10,7 +10,8 @@
 //! the groups in flight (two at most) are being written goes in the next one. Under load groups
 //! grow by themselves. At moderate load, where they would be single writes, a group of only
 //! records waits a few milliseconds for the next claim when arrivals show that one is due and
-//! will come on its own ([`company`]); a claim never waits.
+//! will come on its own ([`company`]), or for the records of the claims granted together with
+//! its own ([`cohort`]); a claim never waits.
 //!
 //! A group holds each `(job_id, kind)` once (a second write of the same key waits for the next
 //! group), so no statement touches a row twice. If a group fails on a deadlock between two
@@ -32,7 +33,9 @@ use uuid::Uuid;
 use super::Database;
 use super::rows::{Claim, ClaimRequest, Record};
 
+pub mod cohort;
 pub mod company;
+use cohort::{Cohort, Cohorts};
 use company::Company;
 pub use company::RECORD_LINGER;
 
@@ -85,6 +88,8 @@ enum Op {
     Record {
         item: RecordItem,
         reply: oneshot::Sender<Result<bool, LedgerError>>,
+        /// The claims granted with this record's claim ([`cohort`]), known once it arrived.
+        cohort: Option<Cohort>,
     },
 }
 
@@ -183,6 +188,7 @@ impl Ledger {
         let op = Op::Record {
             item: record_item(record, token, revision),
             reply,
+            cohort: None,
         };
         match queue.send(op).await {
             Ok(()) => match answer.await {
@@ -249,11 +255,7 @@ async fn write_groups(
     max: usize,
     stats: Arc<LedgerStats>,
 ) {
-    let mut arrivals = Arrivals {
-        queue,
-        company: Company::default(),
-        unanswered: Arc::new(AtomicUsize::new(0)),
-    };
+    let mut arrivals = Arrivals::new(queue);
     // Writes that could not join the last group (same key as a member, another lease).
     let mut waiting: VecDeque<Op> = VecDeque::new();
     let in_flight = Arc::new(Semaphore::new(GROUPS_IN_FLIGHT));
@@ -267,9 +269,10 @@ async fn write_groups(
         };
         let (db, stats) = (db.clone(), stats.clone());
         let unanswered = arrivals.unanswered.clone();
+        let cohorts = arrivals.cohorts.clone();
         tokio::spawn(async move {
             let records = members.iter().filter(|op| op.is_record()).count();
-            write(&db, members, &stats).await;
+            write(&db, members, &stats, &cohorts).await;
             unanswered.fetch_sub(records, Ordering::Relaxed);
             drop(slot);
         });
@@ -282,18 +285,39 @@ struct Arrivals {
     company: Company,
     /// Records received and not yet answered (waiting, gathered or being written).
     unanswered: Arc<AtomicUsize>,
+    /// Claims granted together whose records are still to come ([`cohort`]).
+    cohorts: Arc<std::sync::Mutex<Cohorts>>,
 }
 
 impl Arrivals {
+    fn new(queue: mpsc::Receiver<Op>) -> Arrivals {
+        Arrivals {
+            queue,
+            company: Company::default(),
+            unanswered: Arc::new(AtomicUsize::new(0)),
+            cohorts: Arc::default(),
+        }
+    }
+
     /// Counts a write that has just arrived.
-    fn note(&mut self, op: Op) -> Op {
+    fn note(&mut self, mut op: Op) -> Op {
         let unanswered = self.unanswered.load(Ordering::Relaxed);
         self.company
             .arrived(Instant::now(), !op.is_record(), unanswered);
-        if op.is_record() {
+        if let Op::Record { item, cohort, .. } = &mut op {
             self.unanswered.fetch_add(1, Ordering::Relaxed);
+            *cohort = lock(&self.cohorts).recorded(item.token);
         }
         op
+    }
+
+    /// Whether a record of `members` has a cohort with sends still out.
+    fn cohort_awaited(&self, members: &[Op]) -> bool {
+        let cohorts = members.iter().filter_map(|op| match op {
+            Op::Record { cohort, .. } => *cohort,
+            Op::Claim { .. } => None,
+        });
+        lock(&self.cohorts).awaited(cohorts)
     }
 
     async fn recv(&mut self) -> Option<Op> {
@@ -307,10 +331,17 @@ impl Arrivals {
     }
 }
 
+/// The cohorts, whoever panicked while holding them (they are counts, consistent at every step).
+fn lock(cohorts: &std::sync::Mutex<Cohorts>) -> std::sync::MutexGuard<'_, Cohorts> {
+    cohorts.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// The members of the next group: the writes left `waiting` by the last group, else the next
 /// one to arrive (waiting for it), then whatever else has arrived, up to `max`. A group of only
-/// records then waits for company while [`Company`] says a claim is due. Writes that do not
-/// fit are left `waiting` for the group after. `None` when the queue is closed.
+/// records then waits for company while [`Company`] says a claim is due (until one write
+/// arrives), or while one of its records' cohorts has sends out (until their records are all
+/// in, or a claim arrives), at most [`RECORD_LINGER`] either way. Writes that do not fit are
+/// left `waiting` for the group after. `None` when the queue is closed.
 async fn gather(
     arrivals: &mut Arrivals,
     waiting: &mut VecDeque<Op>,
@@ -325,22 +356,37 @@ async fn gather(
         group.admit(arrivals.recv().await?);
     }
     group.admit_arrived(arrivals);
-    if let Some(until) = group
-        .only_records()
-        .then(|| arrivals.company.wait_until(Instant::now()))
-        .flatten()
-    {
+    if !group.only_records() {
+        *waiting = group.next;
+        return Some(group.members);
+    }
+    let now = Instant::now();
+    let company = arrivals.company.wait_until(now).is_some();
+    if company || arrivals.cohort_awaited(&group.members) {
         stats.waits.fetch_add(1, Ordering::Relaxed);
-        match tokio::time::timeout_at(until, arrivals.recv()).await {
-            Ok(Some(op)) => {
-                group.admit(op);
-                group.admit_arrived(arrivals);
-            }
-            // Closed: the group goes as it is, and the next gather sees the end.
-            Ok(None) => {}
-            Err(_) => {
-                arrivals.company.waited_alone();
-                stats.waits_alone.fetch_add(1, Ordering::Relaxed);
+        let until = now + RECORD_LINGER;
+        let mut joined = false;
+        loop {
+            match tokio::time::timeout_at(until, arrivals.recv()).await {
+                Ok(Some(op)) => {
+                    joined = true;
+                    group.admit(op);
+                    group.admit_arrived(arrivals);
+                    if !group.only_records() || !arrivals.cohort_awaited(&group.members) {
+                        break;
+                    }
+                }
+                // Closed: the group goes as it is, and the next gather sees the end.
+                Ok(None) => break,
+                Err(_) => {
+                    if !joined {
+                        if company {
+                            arrivals.company.waited_alone();
+                        }
+                        stats.waits_alone.fetch_add(1, Ordering::Relaxed);
+                    }
+                    break;
+                }
             }
         }
     }
@@ -410,15 +456,32 @@ impl Gathering {
     }
 }
 
-/// Writes one group and answers its members.
-async fn write(db: &Database, members: Vec<Op>, stats: &LedgerStats) {
+/// Writes one group and answers its members; the claims it grants together are a cohort.
+async fn write(
+    db: &Database,
+    members: Vec<Op>,
+    stats: &LedgerStats,
+    cohorts: &std::sync::Mutex<Cohorts>,
+) {
     let group = group_of(&members);
     stats.groups.fetch_add(1, Ordering::Relaxed);
     stats
         .writes
         .fetch_add(members.len() as u64, Ordering::Relaxed);
     match db.write_group(&group).await {
-        Ok(result) => answer(&group, result, members),
+        Ok(result) => {
+            let granted = result
+                .claims
+                .iter()
+                .filter_map(|claim| match claim {
+                    Claim::Claimed { token, .. } => Some(*token),
+                    Claim::Refused(_) => None,
+                })
+                .collect();
+            // Before any answer: a record can only follow its claim's answer.
+            lock(cohorts).granted(granted, Instant::now());
+            answer(&group, result, members)
+        }
         Err(e) if members.len() > 1 && worth_splitting(&e) => {
             // A statement failed (a deadlock with another worker's group, a key inserted
             // meanwhile): each write on its own, at once, so none waits behind another.
@@ -505,7 +568,7 @@ fn answer(group: &Group, result: GroupResult, members: Vec<Op>) {
                 let claim = claims.get(&key).map(|c| (*c).clone());
                 let _ = reply.send(claim.ok_or_else(|| Arc::new(missing_answer())));
             }
-            Op::Record { item, reply } => {
+            Op::Record { item, reply, .. } => {
                 let key = (item.job_id.as_str(), item.kind.as_str());
                 let recorded = records.get(&key).copied();
                 let _ = reply.send(recorded.ok_or_else(|| Arc::new(missing_answer())));
@@ -539,7 +602,7 @@ async fn write_alone(db: &Database, op: Op) {
             };
             let _ = reply.send(db.claim(&req).await.map_err(Arc::new));
         }
-        Op::Record { item, reply } => {
+        Op::Record { item, reply, .. } => {
             let record = Record {
                 job_id: &item.job_id,
                 kind: &item.kind,
@@ -591,7 +654,100 @@ mod tests {
                 revision: None,
             },
             reply: oneshot::channel().0,
+            cohort: None,
         }
+    }
+
+    /// The record of a claim granted with `token`.
+    fn record_of(job_id: &str, token: Uuid) -> Op {
+        let mut op = record(job_id);
+        if let Op::Record { item, .. } = &mut op {
+            item.token = token;
+        }
+        op
+    }
+
+    /// Arrivals with no evidence of independent arrivals, and a cohort of `n` claims granted
+    /// together (their tokens).
+    fn arrivals_with_a_cohort(n: usize) -> (mpsc::Sender<Op>, Arrivals, Vec<Uuid>) {
+        let (tx, queue) = mpsc::channel(16);
+        let arrivals = Arrivals::new(queue);
+        let tokens: Vec<Uuid> = (0..n).map(|_| Uuid::new_v4()).collect();
+        lock(&arrivals.cohorts).granted(tokens.clone(), Instant::now());
+        (tx, arrivals, tokens)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn records_of_claims_granted_together_wait_for_each_other_and_go_in_one_group() {
+        let (tx, mut arrivals, tokens) = arrivals_with_a_cohort(3);
+        let stats = LedgerStats::default();
+        tx.send(record_of("a", tokens[0])).await.unwrap();
+        let started = Instant::now();
+        let gathering = tokio::spawn(async move {
+            let group = gather(&mut arrivals, &mut VecDeque::new(), 16, &stats).await;
+            (group, Instant::now(), stats, arrivals)
+        });
+        for (ms, (id, token)) in [(1, ("b", tokens[1])), (2, ("c", tokens[2]))] {
+            tokio::time::sleep_until(started + Duration::from_millis(ms)).await;
+            tx.send(record_of(id, token)).await.unwrap();
+        }
+        let (group, done, stats, arrivals) = gathering.await.unwrap();
+        let group = group.unwrap();
+        assert_eq!(
+            keys(&group),
+            [("record", "a"), ("record", "b"), ("record", "c")]
+        );
+        // It went with the cohort's last record, not at the end of the linger.
+        assert_eq!(done - started, Duration::from_millis(2));
+        assert_eq!(stats.waits.load(Ordering::Relaxed), 1);
+        assert_eq!(stats.waits_alone.load(Ordering::Relaxed), 0);
+        assert_eq!(lock(&arrivals.cohorts).remembered(), 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_record_waits_for_its_cohort_at_most_the_linger_and_a_claim_ends_the_wait() {
+        let (tx, mut arrivals, tokens) = arrivals_with_a_cohort(3);
+        let stats = LedgerStats::default();
+        // The other two deliveries never record: the wait ends at the linger.
+        tx.send(record_of("a", tokens[0])).await.unwrap();
+        let started = Instant::now();
+        let group = gather(&mut arrivals, &mut VecDeque::new(), 16, &stats)
+            .await
+            .unwrap();
+        assert_eq!(keys(&group), [("record", "a")]);
+        assert_eq!(Instant::now() - started, RECORD_LINGER);
+        assert_eq!(stats.waits_alone.load(Ordering::Relaxed), 1);
+        // The next record of the cohort waits too, until a claim arrives: the claim goes at
+        // once, and the record with it.
+        tx.send(record_of("b", tokens[1])).await.unwrap();
+        let started = Instant::now();
+        let gathering = tokio::spawn(async move {
+            let group = gather(&mut arrivals, &mut VecDeque::new(), 16, &stats).await;
+            (group, Instant::now())
+        });
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        tx.send(claim("d")).await.unwrap();
+        let (group, done) = gathering.await.unwrap();
+        assert_eq!(keys(&group.unwrap()), [("record", "b"), ("claim", "d")]);
+        assert_eq!(done - started, Duration::from_millis(1));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_record_whose_claim_was_granted_alone_goes_at_once() {
+        let (tx, mut arrivals, _) = arrivals_with_a_cohort(2);
+        let stats = LedgerStats::default();
+        let alone = Uuid::new_v4();
+        // Granted after the cohort's span: a cohort of its own.
+        tokio::time::sleep(cohort::COHORT_SPAN + Duration::from_millis(1)).await;
+        lock(&arrivals.cohorts).granted(vec![alone], Instant::now());
+        tx.send(record_of("a", alone)).await.unwrap();
+        let started = Instant::now();
+        let group = gather(&mut arrivals, &mut VecDeque::new(), 16, &stats)
+            .await
+            .unwrap();
+        assert_eq!(keys(&group), [("record", "a")]);
+        assert_eq!(Instant::now(), started);
+        assert_eq!(stats.waits.load(Ordering::Relaxed), 0);
     }
 
     fn keys(group: &[Op]) -> Vec<(&'static str, &str)> {
@@ -605,11 +761,7 @@ mod tests {
     /// the next claim is due 5 ms after the last.
     fn arrivals_of_independent_claims() -> (mpsc::Sender<Op>, Arrivals) {
         let (tx, queue) = mpsc::channel(16);
-        let mut arrivals = Arrivals {
-            queue,
-            company: Company::default(),
-            unanswered: Arc::new(AtomicUsize::new(0)),
-        };
+        let mut arrivals = Arrivals::new(queue);
         let now = Instant::now();
         for i in 0..4u32 {
             let at = now - Duration::from_millis(5) * (4 - i);
@@ -661,11 +813,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn claims_and_records_without_evidence_go_at_once() {
         let (tx, queue) = mpsc::channel(16);
-        let mut arrivals = Arrivals {
-            queue,
-            company: Company::default(),
-            unanswered: Arc::new(AtomicUsize::new(0)),
-        };
+        let mut arrivals = Arrivals::new(queue);
         let stats = LedgerStats::default();
         let started = Instant::now();
         // One job at a time: claim, then record, each with nothing else unanswered.

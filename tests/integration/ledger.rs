@@ -426,6 +426,43 @@ fn counts(ledger: &Ledger) -> (u64, u64, u64, u64) {
     )
 }
 
+/// Deliveries that arrive together (a relay's batch) are claimed in one group; their sends end
+/// apart, up to 3.5 ms, and their records wait for each other: one commit for the claims and
+/// one for the records of each batch, where each record written as soon as the writer was
+/// free took three or four.
+#[tokio::test]
+async fn records_of_deliveries_claimed_together_wait_for_each_other() {
+    let app = TestApp::spawn().await;
+    let ledger = Ledger::direct(app.db.clone(), Default::default()).grouped(16);
+    const BATCHES: u64 = 10;
+    const SIZE: u64 = 7;
+    let mut every = tokio::time::interval(Duration::from_millis(20));
+    for b in 0..BATCHES {
+        every.tick().await;
+        let mut batch = tokio::task::JoinSet::new();
+        for i in 0..SIZE {
+            let ledger = ledger.clone();
+            let send = Duration::from_micros(500 * (i + 1));
+            batch.spawn(async move { deliver(&ledger, &format!("batch-{b}-{i}"), send).await });
+        }
+        while let Some(done) = batch.join_next().await {
+            done.unwrap();
+        }
+    }
+    assert_eq!(app.count_status("sent").await, (BATCHES * SIZE) as i64);
+    let (writes, groups, waits, alone) = counts(&ledger);
+    assert_eq!(writes, 2 * BATCHES * SIZE);
+    assert!(
+        groups * 2 <= BATCHES * 5,
+        "{groups} commits for {BATCHES} batches of {SIZE}: at most 2.5 a batch"
+    );
+    assert!(
+        waits - alone >= BATCHES / 2,
+        "record groups that waited for their cohort: {} of {waits}",
+        waits - alone
+    );
+}
+
 #[tokio::test]
 async fn records_of_one_job_at_a_time_never_wait_for_company() {
     let app = TestApp::spawn().await;

@@ -799,21 +799,31 @@ pub fn dlq_line(d: &crate::dlq::DlqRun) -> String {
     )
 }
 
-/// The two rows of the paired rounds: each round's figures, raw limit and ratio, and the median.
+/// The rows of the paired rounds: each round's figures, raw limit (or one process) and ratio,
+/// and the median.
 fn rounds_rows(t: &mut String, r: &crate::rounds::Rounds) {
+    let scaling = r.scaling.as_ref().map(|(k, p)| {
+        (
+            format!(
+                "scaling: {k} worker processes, each run right after the 1 process of its round: emails/s"
+            ),
+            p,
+            "1 process, emails/s".to_string(),
+        )
+    });
     let rows = [
         (
-            "worker only, 1 process, each run right after its own grouped claim + record limit: emails/s",
+            "worker only, 1 process, each run right after its own grouped claim + record limit: emails/s".to_string(),
             &r.worker,
-            "PostgreSQL claim+record (group commit), pairs/s",
+            "PostgreSQL claim+record (group commit), pairs/s".to_string(),
         ),
         (
-            "end to end, 1 relay + 1 worker behind 32 producers, each run right after the producers alone: emails/s",
+            "end to end, 1 relay + 1 worker behind 32 producers, each run right after the producers alone: emails/s".to_string(),
             &r.end_to_end,
-            "outbox commits, the producers alone, /s",
+            "outbox commits, the producers alone, /s".to_string(),
         ),
     ];
-    for (what, p, limit) in rows {
+    for (what, p, limit) in rows.into_iter().chain(scaling) {
         let _ = writeln!(
             t,
             "| **paired rounds**: {what} | {} | {limit}: {} | {}; median **{}** |",

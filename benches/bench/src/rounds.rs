@@ -1,5 +1,6 @@
 //! Paired rounds: the two ratios that say how close mailroom comes to this machine's raw limits,
-//! each measured several times with its own raw limit right before it.
+//! each measured several times with its own raw limit right before it, and the scaling ratio
+//! (the most worker processes of the run against one, measured right after it).
 //!
 //! This machine drifts between runs by more than most changes move: across full runs of similar
 //! code the worker-only run's ratio to the grouped claim + record limit ranged from 0.53 to 0.70,
@@ -60,6 +61,9 @@ pub struct Rounds {
     pub worker: Paired,
     /// One relay and one worker behind 32 producers, against the producers alone.
     pub end_to_end: Paired,
+    /// `most` worker processes draining `n` jobs, against the one process of the same round
+    /// (`None` when the run has only one).
+    pub scaling: Option<(usize, Paired)>,
 }
 
 /// `rounds` rounds of each pair, worker first, with the full run's sizes: `opts.n` jobs per
@@ -78,6 +82,8 @@ pub async fn run(
         raw: vec![],
     };
     let mut end_to_end = worker.clone();
+    let most = opts.workers.iter().copied().max().filter(|&k| k > 1);
+    let mut scaling = worker.clone();
     for round in 1..=rounds {
         step(&format!(
             "paired round {round} of {rounds}: grouped claim + record, then 1 worker process"
@@ -95,6 +101,17 @@ pub async fn run(
             worker.raw[round - 1],
             run.emails_per_s
         ));
+        if let Some(k) = most {
+            // Right after the one process, so both runs see the same minute of this machine.
+            let more = workers::backlog(services, sink, &format!("round-{round}-{k}w"), k, n, logs)
+                .await?;
+            scaling.raw.push(run.emails_per_s);
+            scaling.ours.push(more.emails_per_s);
+            step(&format!(
+                "  {k} processes: {:.0} emails/s",
+                more.emails_per_s
+            ));
+        }
         step(&format!(
             "paired round {round} of {rounds}: the producers alone, then end to end"
         ));
@@ -116,7 +133,11 @@ pub async fn run(
             run.emails_per_s
         ));
     }
-    Ok(Rounds { worker, end_to_end })
+    Ok(Rounds {
+        worker,
+        end_to_end,
+        scaling: most.map(|k| (k, scaling)),
+    })
 }
 
 #[cfg(test)]

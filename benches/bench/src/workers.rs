@@ -434,7 +434,7 @@ fn logged_ledger(log: &Path) -> Option<String> {
     // A build from before records waited for company logs no such field.
     if let (Some(waits), Some(alone)) = (field("record_waits"), field("record_waits_alone")) {
         text.push_str(&format!(
-            ", {waits} groups of records waited for a claim, {alone} of them in vain"
+            ", {waits} groups of records waited for company, {alone} of them in vain"
         ));
     }
     Some(text)

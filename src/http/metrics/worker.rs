@@ -239,7 +239,7 @@ fn ledger(out: &mut String, w: &Stats) {
         ),
         (
             "mailroom_ledger_record_waits_total",
-            "Groups of only records that waited (at most 5 ms) for a claim to share their commit.",
+            "Groups of only records that waited (at most 5 ms) to share their commit: for a claim that was due, or for the records of claims granted with theirs.",
             &l.waits,
         ),
         (
