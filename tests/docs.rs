@@ -198,11 +198,11 @@ fn the_record_linger_is_written_as_its_value_wherever_it_is_named() {
         ),
         (
             "src/http/metrics/worker.rs",
-            format!("waited (at most {ms} ms) for a claim"),
+            format!("waited (at most {ms} ms) to share their commit"),
         ),
         (
             "docs/METRICS.md",
-            format!("waited (at most {ms} ms) for a claim"),
+            format!("waited (at most {ms} ms) to share their commit"),
         ),
         (
             "docs/GUARANTEES.md",
