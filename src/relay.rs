@@ -579,7 +579,7 @@ impl Relay {
                     commit_hold = ?wanted,
                     held_at_most = ?hold,
                     server_limit = ?limit,
-                    "relay holds its marks for less than --relay-commit-hold: the database server ends a transaction left open for its limit"
+                    "relay holds its marks for less than --relay-commit-hold: at most half the database server's limit on a transaction left open"
                 );
             }
             hold

@@ -1,16 +1,17 @@
 //! Records that wait for the rest of their cohort. Deliveries that arrive together (a relay's
-//! batch, a burst of publishes) are claimed in one group and send side by side, and their
+//! batch, a burst of publishes) are claimed in a group or two and send side by side, and their
 //! records come back within a millisecond or two of each other. Each went as soon as the group
-//! writer was free, so a batch of seven took one commit for its claims and three or four for
-//! its records. A [`Cohort`] is the claims granted within [`COHORT_SPAN`] of each other (the
+//! writer was free, so a batch of seven took one or two commits for its claims and three or
+//! four for its records. A [`Cohort`] is the claims granted within [`COHORT_SPAN`] of each other (the
 //! first delivery of a batch is claimed alone, as no claim waits, and the rest in the next
 //! group a millisecond later); a group of only records, one of whose cohorts still has sends
 //! out, waits up to [`super::RECORD_LINGER`] for them and takes them all in one commit. Like
 //! any record's wait, it delays only the ack and `sent_at`: the emails are accepted already.
 //!
 //! A claim granted alone is a cohort of one, whose record has no one to wait for, so one job at
-//! a time, and lone deliveries at moderate rates (200/s is one every 5 ms), never wait here. A delivery that never records (its claim given back, its worker gone)
-//! leaves its cohort waiting in vain at most one linger, and is forgotten after [`FORGET_AFTER`].
+//! a time, and lone deliveries at moderate rates (200/s is one every 5 ms), never wait here. A
+//! delivery that never records (its claim given back, its worker gone) leaves its cohort
+//! waiting in vain at most one linger, and is forgotten after [`FORGET_AFTER`].
 
 use std::collections::{HashMap, VecDeque};
 use std::time::Duration;
