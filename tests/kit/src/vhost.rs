@@ -39,12 +39,35 @@ impl Vhost {
     /// from an empty disk): every connection closed, every exchange and queue gone; then makes
     /// it again, empty, with the same name and permissions.
     pub async fn reset(&self) {
-        self.delete().await;
+        rabbitmqctl(&["delete_vhost", &self.name]).await;
         make(&self.name).await;
     }
 
+    /// Deletes the virtual host once no connection is left in it (at most 10 s): a process the
+    /// test just killed may still have queue declarations in flight, and RabbitMQ 3.10's
+    /// dead-letter workers of quorum queues crash on queues deleted while they start; a few at
+    /// once take their supervisor down, and every later quorum queue on the node fails.
     pub async fn delete(&self) {
+        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+        while tokio::time::Instant::now() < deadline && self.connections().await > 0 {
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
         rabbitmqctl(&["delete_vhost", &self.name]).await;
+    }
+
+    /// Connections open in this virtual host.
+    async fn connections(&self) -> usize {
+        let out = tokio::process::Command::new("rabbitmqctl")
+            .args(["-q", "list_connections", "vhost", "--no-table-headers"])
+            .kill_on_drop(true)
+            .output();
+        match tokio::time::timeout(RABBITMQCTL_PATIENCE, out).await {
+            Ok(Ok(out)) if out.status.success() => String::from_utf8_lossy(&out.stdout)
+                .lines()
+                .filter(|line| line.trim() == self.name)
+                .count(),
+            _ => 0,
+        }
     }
 }
 
