@@ -43,6 +43,12 @@ use lapin::{
 pub const DELIVERY_LIMIT: i64 = 10;
 /// How long a publish may wait for its confirm before it counts as failed.
 pub const CONFIRM_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long an ack, nack or reject may take to be written. lapin resolves one once written; one
+/// handed to lapin as the broker connection broke (a broker restart) was seen never to resolve:
+/// it held a worker's concurrency slot for good, and it stopped a dead-letter ingester for the
+/// rest of its process's life and kept that process from exiting. Past this the settle counts
+/// as not written: a broken connection's deliveries are redelivered anyway.
+pub const SETTLE_TIMEOUT: Duration = Duration::from_secs(10);
 // The wire contract: every `x-mailroom-*` header mailroom writes or reads.
 /// Header naming the retry tier a message is published to.
 pub const DELAY_HEADER: &str = "x-mailroom-delay";

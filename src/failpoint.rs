@@ -24,7 +24,8 @@
 //! `worker.after_smtp_ok`, `worker.after_record`, `worker.before_dead_letter` (the job's
 //! dead letter not yet published), `worker.before_ack` (every ack: the outcome is recorded or
 //! published, the ack not sent), `relay.after_confirm`, `dlq.after_insert` (a dead
-//! letter's row committed, its ack not sent: [`crate::dlq::ingest`]),
+//! letter's row committed, its ack not sent: [`crate::dlq::ingest`]), `dlq.in_ack` (the same
+//! inside the ack's time bound: held, it is an ack lapin never resolves),
 //! `broker.migrate_mid_drain` (a moved letter's copy confirmed, the original not acked:
 //! [`crate::broker::migrate`]; armed per letter by message id).
 

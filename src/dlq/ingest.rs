@@ -43,10 +43,12 @@ use crate::config::UrlList;
 use crate::db::Database;
 use crate::db::dead_letters::NewDeadLetter;
 
-pub use session::Ingester;
+pub use session::{Ingester, STOP_PATIENCE};
 
 /// The failpoint between a letter's committed row and its ack (the kill test's point).
 pub const AFTER_INSERT: &str = "dlq.after_insert";
+/// The failpoint inside the ack's bound: held there, the ack stands for one lapin never resolves.
+pub const IN_ACK: &str = "dlq.in_ack";
 
 /// What storing one letter did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -150,12 +152,21 @@ async fn ack_stored(letters: &[Delivery]) -> anyhow::Result<()> {
     };
     crate::failpoint::hit(AFTER_INSERT).await;
     let multiple = BasicAckOptions { multiple: true };
-    match last.ack(multiple).await {
-        Ok(true) => Ok(()),
-        Ok(false) => anyhow::bail!(
+    let ack = async {
+        crate::failpoint::hit(IN_ACK).await;
+        last.ack(multiple).await
+    };
+    match tokio::time::timeout(broker::SETTLE_TIMEOUT, ack).await {
+        Ok(Ok(true)) => Ok(()),
+        Ok(Ok(false)) => anyhow::bail!(
             "the channel closed before the ack (the letters are stored; a redelivery is one row)"
         ),
-        Err(e) => Err(e).context("acking stored dead letters"),
+        Ok(Err(e)) => Err(e).context("acking stored dead letters"),
+        Err(_) => anyhow::bail!(
+            "the ack of {} stored dead letters was not written within {:?} (the broker redelivers them, and each is one row still)",
+            letters.len(),
+            broker::SETTLE_TIMEOUT
+        ),
     }
 }
 
@@ -168,7 +179,7 @@ async fn hand_back(ch: &Channel) {
         multiple: true,
         requeue: true,
     };
-    let _ = ch.basic_nack(0, back).await;
+    let _ = tokio::time::timeout(broker::SETTLE_TIMEOUT, ch.basic_nack(0, back)).await;
 }
 
 /// Whether a group holding `letters` (their bodies `bytes` in all) takes no more: [`GROUP`]

@@ -12,14 +12,8 @@ use std::time::Duration;
 use lapin::{BasicProperties, message::Delivery, options::BasicRejectOptions, types::AMQPValue};
 
 use super::{ErrorClass, Link, OTHER_KIND, Outcome, Stats, Worker};
-use crate::broker::{self, Acks, PublishError, Topology};
+use crate::broker::{self, Acks, PublishError, SETTLE_TIMEOUT, Topology};
 use crate::job::mask_addresses;
-
-/// How long an ack or reject may take to be written. lapin resolves it once written; an ack
-/// handed to lapin as the broker connection broke (a broker restart) was seen never to resolve,
-/// which held its concurrency slot for good and kept the worker from shutting down. Past this,
-/// the delivery counts as unsettled: a broken connection's deliveries are redelivered anyway.
-const SETTLE_TIMEOUT: Duration = Duration::from_secs(10);
 
 // An ack first waits up to the linger for company: the timeout must leave it that wait and
 // the write, or every ack of a quiet worker would count as unsettled and be redelivered.

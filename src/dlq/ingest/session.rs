@@ -21,6 +21,12 @@ use crate::dlq::DeadLetters;
 /// little (and a letter handed back is one row still).
 const PREFETCH: u16 = 64;
 
+/// How long an ingester has, once told to stop, to hand its letters back and close its
+/// connection, which takes milliseconds. Past it the session is dropped: its connection closes
+/// without the goodbye and the broker requeues what it held. A broker call that never returns
+/// cannot keep `worker`, `serve` or `run` from exiting.
+pub const STOP_PATIENCE: Duration = Duration::from_secs(5);
+
 /// A consumer of `<ns>.dead` that stores the letters that have arrived, then acks them.
 pub struct Ingester {
     urls: UrlList,
@@ -44,16 +50,34 @@ impl Ingester {
     }
 
     /// Ingests until `shutdown`, reconnecting as needed; runs the retention every
-    /// [`RETENTION_EVERY`]. Never fails: an outage is waited out.
+    /// [`RETENTION_EVERY`]. Never fails: an outage is waited out. Returns at most
+    /// [`STOP_PATIENCE`] after `shutdown`, whatever the broker does.
     pub async fn run(self, shutdown: CancellationToken) -> anyhow::Result<()> {
         let retention = tokio::spawn(expire_loop(
             DeadLetters::new(self.db.clone()),
             self.retention,
             shutdown.clone(),
         ));
+        let overdue = async {
+            shutdown.cancelled().await;
+            tokio::time::sleep(STOP_PATIENCE).await;
+        };
+        tokio::select! {
+            () = self.sessions(&shutdown) => {}
+            () = overdue => tracing::warn!(
+                "dead-letter ingest did not stop within {STOP_PATIENCE:?} of the shutdown; its broker connection is dropped, and the letters it held go back to {}",
+                self.topology.dead
+            ),
+        }
+        retention.abort();
+        Ok(())
+    }
+
+    /// Sessions one after the other until `shutdown`.
+    async fn sessions(&self, shutdown: &CancellationToken) {
         let mut reconnect = broker::Reconnect::default();
         while !shutdown.is_cancelled() {
-            match self.session(&shutdown, &mut reconnect).await {
+            match self.session(shutdown, &mut reconnect).await {
                 Ok(()) => break,
                 Err(e) => {
                     let (_, wait) = reconnect.next_wait();
@@ -65,8 +89,6 @@ impl Ingester {
                 }
             }
         }
-        retention.abort();
-        Ok(())
     }
 
     async fn session(
@@ -119,7 +141,13 @@ impl Ingester {
                 hand_back(&ch).await;
                 return Ok(());
             }
-            ack_stored(&group).await?;
+            if let Err(e) = ack_stored(&group).await {
+                tracing::warn!(
+                    error = crate::exit::one_line(&e),
+                    "dead-letter ingest: reconnecting"
+                );
+                return Err(e);
+            }
         }
     }
 

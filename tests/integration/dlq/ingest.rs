@@ -51,6 +51,77 @@ async fn a_letter_is_never_lost_when_the_ingesting_worker_is_killed_between_inse
     assert_eq!(rows(&app).await, 1, "exactly one row");
 }
 
+/// lapin was seen to leave an ack handed to it as a broker restart broke the connection
+/// unresolved for good: the ingester waited on it for the rest of its process's life, stored no
+/// other letter, and kept the process from exiting. Held at `dlq.in_ack` (inside the ack's
+/// bound) for an hour, the first ack stands for that one.
+#[tokio::test]
+async fn an_ack_that_never_completes_ends_the_session_and_ingesting_goes_on() {
+    let app = TestApp::spawn().await;
+    publish_to_dlx(&app, &[letter(&app.job("stuck-ack"), "rejected", "550")]).await;
+    let failpoint = [("MAILROOM_FAILPOINTS", "dlq.in_ack=delay-once:1h")];
+    let mut worker = app.spawn_worker_process(&[], &failpoint);
+    eventually("the first letter stored, its ack held", || async {
+        let held = worker_log(&app).contains("failpoint: delaying");
+        (held && rows(&app).await == 1).then_some(())
+    })
+    .await;
+    eventually("the held ack given up", || async {
+        worker_log(&app)
+            .contains("stored dead letters was not written within")
+            .then_some(())
+    })
+    .await;
+    publish_to_dlx(&app, &[letter(&app.job("after"), "rejected", "550")]).await;
+    eventually("the next letter stored by the same worker", || async {
+        (rows(&app).await == 2 && app.dead_queue_length().await == 0).then_some(())
+    })
+    .await;
+    terminate(&worker).await;
+    let status = tokio::time::timeout(PATIENCE, worker.wait())
+        .await
+        .expect("the worker exits")
+        .unwrap();
+    assert_eq!(status.code(), Some(0));
+    // Whatever the stop handed back is stored already: one row per letter.
+    let out = app.cli(&["dlq", "ingest"]).await;
+    assert!(out.contains("ingested 0 dead letters"), "{out}");
+    assert_eq!(rows(&app).await, 2, "one row per letter");
+}
+
+/// A stop never waits on the ingester for longer than its patience: held forever between a
+/// row's commit and its ack, the ingester is dropped, the worker exits 0, and the broker takes
+/// the letter back when the connection goes.
+#[tokio::test]
+async fn a_worker_stops_on_sigterm_while_its_ingester_is_stuck() {
+    let app = TestApp::spawn().await;
+    publish_to_dlx(&app, &[letter(&app.job("stuck"), "rejected", "550")]).await;
+    let failpoint = [("MAILROOM_FAILPOINTS", "dlq.after_insert=pause")];
+    let mut worker = app.spawn_worker_process(&[], &failpoint);
+    eventually("the row committed and the ingester stuck", || async {
+        let paused = worker_log(&app).contains("failpoint: pausing");
+        (paused && rows(&app).await == 1).then_some(())
+    })
+    .await;
+    terminate(&worker).await;
+    let status = tokio::time::timeout(PATIENCE, worker.wait())
+        .await
+        .expect("the worker exits though its ingester never returns")
+        .unwrap();
+    assert_eq!(status.code(), Some(0));
+    let log = worker_log(&app);
+    let said = format!(
+        "dead-letter ingest did not stop within {:?}",
+        mailroom::dlq::ingest::STOP_PATIENCE
+    );
+    assert!(log.contains(&said), "{log}");
+    eventually("the letter back in the queue", || async {
+        (app.dead_queue_length().await == 1).then_some(())
+    })
+    .await;
+    assert_eq!(rows(&app).await, 1);
+}
+
 #[tokio::test]
 async fn mailroom_run_ingests_the_dead_letter_queue_as_it_fills() {
     let app = TestApp::spawn().await;
