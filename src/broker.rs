@@ -43,6 +43,26 @@ use lapin::{
 pub const DELIVERY_LIMIT: i64 = 10;
 /// How long a publish may wait for its confirm before it counts as failed.
 pub const CONFIRM_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a goodbye to the broker may take: a consumer's cancel, a channel's and its
+/// connection's close. A broker that hears it answers in milliseconds; one cut off without a
+/// reset (a partition, a frozen node) never does, and lapin notices only after two missed
+/// heartbeats, 120 s with RabbitMQ's default of 60 s: a worker stopped then took that long to
+/// exit. Past this the process goes on without the answer; the broker requeues what the
+/// connection held once it notices the connection gone.
+pub const GOODBYE_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// Closes `channel`, if given, then `conn`, both within [`GOODBYE_TIMEOUT`]; false if the
+/// broker did not answer in time (the connection is dropped with its last handle).
+pub async fn close_within(conn: &Connection, channel: Option<&Channel>, reason: &str) -> bool {
+    let goodbye = async {
+        if let Some(channel) = channel {
+            let _ = channel.close(200, reason.into()).await;
+        }
+        let _ = conn.close(200, reason.into()).await;
+    };
+    tokio::time::timeout(GOODBYE_TIMEOUT, goodbye).await.is_ok()
+}
+
 /// How long an ack, nack or reject may take to be written. lapin resolves one once written; one
 /// handed to lapin as the broker connection broke (a broker restart) was seen never to resolve:
 /// it held a worker's concurrency slot for good, and it stopped a dead-letter ingester for the

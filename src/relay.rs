@@ -378,8 +378,7 @@ impl Relay {
         relayed?;
         committed?;
         wakeup.close().await;
-        let _ = channel.close(200, "relay shutting down".into()).await;
-        let _ = conn.close(200, "relay shutting down".into()).await;
+        broker::close_within(&conn, Some(&channel), "relay shutting down").await;
         Ok(())
     }
 

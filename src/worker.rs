@@ -325,13 +325,24 @@ impl Worker {
         tracker: &TaskTracker,
     ) {
         let deadline = tokio::time::Instant::now() + self.settings.shutdown_grace;
-        let _ = session
+        let cancel = session
             .channel
-            .basic_cancel(session.consumer.tag(), BasicCancelOptions::default())
-            .await;
-        let taken = self
-            .take_the_rest(&mut session, slots, tracker, deadline)
-            .await;
+            .basic_cancel(session.consumer.tag(), BasicCancelOptions::default());
+        let heard = tokio::time::timeout(broker::GOODBYE_TIMEOUT, cancel)
+            .await
+            .is_ok();
+        // Unheard, the cancel ends no stream: waiting for the rest would spend the grace of
+        // the deliveries in flight. The broker requeues the rest when the connection goes.
+        let taken = if heard {
+            self.take_the_rest(&mut session, slots, tracker, deadline)
+                .await
+        } else {
+            tracing::warn!(
+                "the broker did not answer the consumer's cancel within {:?}; the deliveries it sent and this worker has not taken go back to the queue",
+                broker::GOODBYE_TIMEOUT
+            );
+            0
+        };
         tracing::info!(
             in_flight = tracker.len(),
             taken_after_cancel = taken,
@@ -359,7 +370,12 @@ impl Worker {
             "mean time of a delivery's steps around its send in this process"
         );
         session.link.publisher.close("worker shutting down").await;
-        close(&session.conn, &session.channel).await;
+        broker::close_within(
+            &session.conn,
+            Some(&session.channel),
+            "worker shutting down",
+        )
+        .await;
     }
 
     /// The deliveries prefetched before the consumer was cancelled (up to the prefetch less
@@ -454,9 +470,4 @@ async fn drain(tracker: &TaskTracker, grace: Duration) {
             "shutdown grace period over; unsettled deliveries will be redelivered"
         );
     }
-}
-
-async fn close(conn: &Connection, channel: &Channel) {
-    let _ = channel.close(200, "worker shutting down".into()).await;
-    let _ = conn.close(200, "worker shutting down".into()).await;
 }

@@ -69,14 +69,13 @@ impl Publisher {
         self.conn.status().connected() && self.channel.status().connected()
     }
 
-    /// Closes channel and connection (politely; a blocked connection cannot say goodbye and
-    /// is dropped when the process exits).
+    /// Closes channel and connection, politely and within [`super::GOODBYE_TIMEOUT`] (a
+    /// blocked connection cannot say goodbye and is dropped when the process exits).
     pub async fn close(&self, reason: &str) {
         if self.is_blocked() {
             return;
         }
-        let _ = self.channel.close(200, reason.into()).await;
-        let _ = self.conn.close(200, reason.into()).await;
+        super::close_within(&self.conn, Some(&self.channel), reason).await;
     }
 }
 

@@ -179,7 +179,7 @@ async fn hand_back(ch: &Channel) {
         multiple: true,
         requeue: true,
     };
-    let _ = tokio::time::timeout(broker::SETTLE_TIMEOUT, ch.basic_nack(0, back)).await;
+    let _ = tokio::time::timeout(broker::GOODBYE_TIMEOUT, ch.basic_nack(0, back)).await;
 }
 
 /// Whether a group holding `letters` (their bodies `bytes` in all) takes no more: [`GROUP`]

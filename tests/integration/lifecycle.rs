@@ -220,3 +220,72 @@ async fn a_relay_whose_listener_backend_is_terminated_still_relays() {
     worker.stop().await;
     assert_eq!(app.smtp.count(&app.message_id("after-kill", "welcome")), 1);
 }
+
+fn process_log(app: &TestApp, name: &str) -> String {
+    std::fs::read_to_string(app.dir.path().join(name)).unwrap_or_default()
+}
+
+/// A worker stopped while RabbitMQ is cut off (a partition: nothing answers, no socket closes)
+/// does not wait for lapin to give the connection up (two missed heartbeats, 120 s with
+/// RabbitMQ's default): its goodbyes to the broker are bounded, the delivery in flight is still
+/// sent and recorded within the grace, and it exits 0. The ack never reached the broker, so the
+/// job comes back, and the next worker acks it as a duplicate: one email.
+#[tokio::test]
+async fn a_worker_stopped_during_a_broker_partition_finishes_in_flight_and_exits() {
+    let app = TestApp::spawn_with(&["--data-delay", "1.5"]).await;
+    let proxy = FaultProxy::in_front_of(&app.amqp_url).await;
+    let url = proxy.url_through(&app.amqp_url);
+    let mut worker = app.spawn_worker_process(&["--amqp-url", &url], &[]);
+    app.publish(&app.job("in-flight")).await;
+    eventually("the job being sent", || async {
+        (app.count_status("sending").await == 1).then_some(())
+    })
+    .await;
+    proxy.set(Fault::Blackhole);
+    terminate(&worker).await;
+    let status = tokio::time::timeout(PATIENCE, worker.wait())
+        .await
+        .expect("the worker exits without waiting for the heartbeat")
+        .unwrap();
+    assert_eq!(status.code(), Some(0));
+    assert_eq!(
+        app.count_status("sent").await,
+        1,
+        "the delivery in flight finished within the grace"
+    );
+    let log = process_log(&app, "worker.log");
+    assert!(
+        log.contains("did not answer the consumer's cancel"),
+        "{log}"
+    );
+
+    // The reset drops whatever the worker wrote into the partition, its ack included.
+    proxy.set(Fault::Reset);
+    let worker = app.start_worker(&[]);
+    worker.stats.wait_until(|s| s.duplicates == 1).await;
+    worker.stop().await;
+    assert_eq!(app.smtp.count(&app.message_id("in-flight", "welcome")), 1);
+}
+
+/// The relay's goodbye is bounded as the worker's: stopped while RabbitMQ is cut off, it
+/// exits 0 without waiting for lapin's heartbeat.
+#[tokio::test]
+async fn a_relay_stopped_during_a_broker_partition_exits() {
+    let app = TestApp::spawn().await;
+    let proxy = FaultProxy::in_front_of(&app.amqp_url).await;
+    let url = proxy.url_through(&app.amqp_url);
+    let mut relay = app.spawn_relay_process(&["--amqp-url", &url], &[]);
+    app.enqueue(&app.email_job("relayed")).await.unwrap();
+    eventually("the row published", || async {
+        (app.ready_messages().await == 1).then_some(())
+    })
+    .await;
+    proxy.set(Fault::Blackhole);
+    terminate(&relay).await;
+    let status = tokio::time::timeout(PATIENCE, relay.wait())
+        .await
+        .expect("the relay exits without waiting for the heartbeat")
+        .unwrap();
+    assert_eq!(status.code(), Some(0));
+    assert_eq!(app.unpublished().await, 0);
+}

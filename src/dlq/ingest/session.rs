@@ -22,10 +22,14 @@ use crate::dlq::DeadLetters;
 const PREFETCH: u16 = 64;
 
 /// How long an ingester has, once told to stop, to hand its letters back and close its
-/// connection, which takes milliseconds. Past it the session is dropped: its connection closes
-/// without the goodbye and the broker requeues what it held. A broker call that never returns
-/// cannot keep `worker`, `serve` or `run` from exiting.
-pub const STOP_PATIENCE: Duration = Duration::from_secs(5);
+/// connection, which takes milliseconds (each bounded by [`broker::GOODBYE_TIMEOUT`]). Past it
+/// the session is dropped: its connection closes without the goodbye and the broker requeues
+/// what it held. A broker call that never returns cannot keep `worker`, `serve` or `run` from
+/// exiting.
+pub const STOP_PATIENCE: Duration = Duration::from_secs(7);
+
+// The hand-back and the close, each given up after the goodbye's bound, fit in the patience.
+const _: () = assert!(STOP_PATIENCE.as_millis() > 2 * broker::GOODBYE_TIMEOUT.as_millis());
 
 /// A consumer of `<ns>.dead` that stores the letters that have arrived, then acks them.
 pub struct Ingester {
@@ -99,7 +103,7 @@ impl Ingester {
         let conn = broker::connect(&self.urls, &self.name).await?;
         let result = self.consume(&conn, shutdown, reconnect).await;
         // Closing hands every letter not acked back to the queue.
-        let _ = conn.close(200, "dead-letter ingest stopped".into()).await;
+        broker::close_within(&conn, None, "dead-letter ingest stopped").await;
         result
     }
 
