@@ -91,6 +91,16 @@ const RETENTION_BATCH: i64 = 1000;
 /// locked, their transaction open, and a crash publishes their rows again.
 pub const MAX_COMMIT_HOLD: Duration = Duration::from_secs(10);
 
+/// How long a stopping relay has to finish: a batch waiting for its confirms (at most
+/// [`broker::CONFIRM_TIMEOUT`]) is marked, the held marks commit, the connections close, all
+/// in milliseconds when the database and the broker answer. A statement sent into a network
+/// partition waits for TCP to give up, which takes minutes (a relay stopped during a database
+/// partition was still running 210 s later): past this the relay exits without it.
+pub const STOP_PATIENCE: Duration = Duration::from_secs(15);
+
+// A batch stopped while it waits for its confirms can still be marked.
+const _: () = assert!(STOP_PATIENCE.as_millis() > broker::CONFIRM_TIMEOUT.as_millis());
+
 /// The hold a session uses: `wanted`, but at most half the server's `limit` on a transaction
 /// left open ([`Database::transaction_idle_limit`]), so that held marks always commit well
 /// before the server would end their session (and publish their rows again). The bound is
@@ -286,10 +296,37 @@ impl Relay {
 
     /// Relays until `shutdown` is cancelled, reconnecting to the broker and the database with
     /// capped exponential backoff ([`broker::Reconnect`]: reset only after a healthy session).
+    /// Returns at most [`STOP_PATIENCE`] after `shutdown`, whatever the database and the broker
+    /// do.
     pub async fn run(self, shutdown: CancellationToken) -> anyhow::Result<()> {
+        let overdue = async {
+            shutdown.cancelled().await;
+            tokio::time::sleep(STOP_PATIENCE).await;
+        };
+        tokio::select! {
+            () = self.sessions(&shutdown) => {}
+            () = overdue => tracing::warn!(
+                "the relay did not stop within {STOP_PATIENCE:?} of the shutdown (the database or the broker does not answer); it exits without finishing: rows it published and did not mark are published again by the next relay, and each is still sent once"
+            ),
+        }
+        let stats = &self.stats;
+        tracing::info!(
+            published = stats.published.load(Ordering::Relaxed),
+            batches = stats.batches.load(Ordering::Relaxed),
+            commits = stats.commits.load(Ordering::Relaxed),
+            scans = stats.scans.load(Ordering::Relaxed),
+            probes = stats.probes.load(Ordering::Relaxed),
+            woken = stats.woken.load(Ordering::Relaxed),
+            "relay stopped"
+        );
+        Ok(())
+    }
+
+    /// Sessions one after the other until `shutdown`.
+    async fn sessions(&self, shutdown: &CancellationToken) {
         let mut reconnect = broker::Reconnect::default();
         while !shutdown.is_cancelled() {
-            let ended = self.session(&shutdown, &mut reconnect).await;
+            let ended = self.session(shutdown, &mut reconnect).await;
             self.live.send_replace(None);
             match ended {
                 Ok(()) => break,
@@ -311,17 +348,6 @@ impl Relay {
                 }
             }
         }
-        let stats = &self.stats;
-        tracing::info!(
-            published = stats.published.load(Ordering::Relaxed),
-            batches = stats.batches.load(Ordering::Relaxed),
-            commits = stats.commits.load(Ordering::Relaxed),
-            scans = stats.scans.load(Ordering::Relaxed),
-            probes = stats.probes.load(Ordering::Relaxed),
-            woken = stats.woken.load(Ordering::Relaxed),
-            "relay stopped"
-        );
-        Ok(())
     }
 
     /// One session: a broker connection, a wake-up source, then batches until the outbox is

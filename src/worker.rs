@@ -170,7 +170,7 @@ impl Worker {
             &worker.settings.topology.exchange,
         )
         .sharing(worker.throttle.clone());
-        let heartbeat = tokio::spawn(heartbeat.run(beats.clone()));
+        let mut heartbeat = tokio::spawn(heartbeat.run(beats.clone()));
         if let Some(retention) = worker.settings.ledger_retention {
             let (db, stats) = (worker.db.clone(), worker.stats.clone());
             tokio::spawn(retention::run(db, retention, stats, beats.clone()));
@@ -193,9 +193,19 @@ impl Worker {
             }
         }
         drain(&tracker, worker.settings.shutdown_grace).await;
-        // The last beat counts the drained deliveries and marks the worker stopped.
+        // The last beat counts the drained deliveries and marks the worker stopped; a database
+        // that does not answer (a partition) must not hold the exit for TCP's minutes.
         beats.cancel();
-        let _ = heartbeat.await;
+        if tokio::time::timeout(heartbeat::LAST_BEAT_PATIENCE, &mut heartbeat)
+            .await
+            .is_err()
+        {
+            heartbeat.abort();
+            tracing::warn!(
+                "the last heartbeat was not written within {:?}; the console shows this worker silent, not stopped",
+                heartbeat::LAST_BEAT_PATIENCE
+            );
+        }
         worker.db.close().await;
         tracing::info!("worker stopped");
         Ok(())

@@ -26,6 +26,9 @@ use crate::db::fleet::{Beat, Counts};
 pub const INTERVAL: Duration = Duration::from_secs(10);
 /// A worker that beat within this long, and has not stopped, shares the sending limits.
 pub const LIVE_WITHIN: Duration = Duration::from_secs(30);
+/// How long a stopping worker waits for its last beat (one statement, milliseconds when the
+/// database answers).
+pub const LAST_BEAT_PATIENCE: Duration = Duration::from_secs(3);
 /// Rows not written for this long are deleted (by any worker, at start and every few hours).
 const FORGET_AFTER: TimeDelta = TimeDelta::hours(24);
 const FORGET_EVERY: u32 = 6 * 360;

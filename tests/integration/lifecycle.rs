@@ -289,3 +289,83 @@ async fn a_relay_stopped_during_a_broker_partition_exits() {
     assert_eq!(status.code(), Some(0));
     assert_eq!(app.unpublished().await, 0);
 }
+
+/// A worker stopped while its database is cut off does not wait for TCP to give its
+/// statements up (minutes): its last heartbeat is given up after its patience, and it exits 0.
+#[tokio::test]
+async fn a_worker_stopped_during_a_database_partition_exits() {
+    let app = TestApp::spawn().await;
+    let db_port = url::Url::parse(&app.db_url).unwrap().port().unwrap();
+    let proxy = FaultProxy::start(db_port).await;
+    let url = proxy.url_through(&app.db_url);
+    // A short grace: a delivery still settling when the partition lands waits that long.
+    let args = ["--database-url", &url, "--shutdown-grace", "2s"];
+    let mut worker = app.spawn_worker_process(&args, &[]);
+    app.publish(&app.job("before")).await;
+    eventually("the job sent", || async {
+        (app.count_status("sent").await == 1).then_some(())
+    })
+    .await;
+    proxy.set(Fault::Blackhole);
+    terminate(&worker).await;
+    let Ok(status) = tokio::time::timeout(PATIENCE, worker.wait()).await else {
+        let log = process_log(&app, "worker.log");
+        panic!("the worker still runs {PATIENCE:?} after SIGTERM:\n{log}");
+    };
+    let status = status.unwrap();
+    assert_eq!(status.code(), Some(0));
+    let log = process_log(&app, "worker.log");
+    assert!(
+        log.contains("the last heartbeat was not written within"),
+        "{log}"
+    );
+}
+
+/// A relay stopped while a statement of its waits in a database partition (TCP gives up only
+/// after minutes; the relay was seen still running 200 s later) exits within its stop
+/// patience, says so, and what it had published is still sent once.
+#[tokio::test]
+async fn a_relay_stopped_during_a_database_partition_exits_within_its_patience() {
+    let app = TestApp::spawn().await;
+    let db_port = url::Url::parse(&app.db_url).unwrap().port().unwrap();
+    let proxy = FaultProxy::start(db_port).await;
+    let url = proxy.url_through(&app.db_url);
+    // Polled every 100 ms: a probe goes into the partition at once.
+    let poll = [
+        "--database-url",
+        &url,
+        "--relay-poll",
+        "100ms",
+        "--relay-poll-max",
+        "100ms",
+    ];
+    let mut relay = app.spawn_relay_process(&poll, &[]);
+    app.enqueue(&app.email_job("relayed")).await.unwrap();
+    eventually("the row published", || async {
+        (app.ready_messages().await == 1).then_some(())
+    })
+    .await;
+    proxy.set(Fault::Blackhole);
+    eventually("a statement of the relay held in the partition", || async {
+        (proxy.held_from_clients() > 0).then_some(())
+    })
+    .await;
+    terminate(&relay).await;
+    let status = tokio::time::timeout(PATIENCE, relay.wait())
+        .await
+        .expect("the relay exits though its statement never returns")
+        .unwrap();
+    assert_eq!(status.code(), Some(0));
+    let log = process_log(&app, "relay.log");
+    let said = format!(
+        "the relay did not stop within {:?}",
+        mailroom::relay::STOP_PATIENCE
+    );
+    assert!(log.contains(&said), "{log}");
+
+    proxy.set(Fault::Reset);
+    let worker = app.start_worker(&[]);
+    worker.stats.wait_until(|s| s.sent == 1).await;
+    worker.stop().await;
+    assert_eq!(app.smtp.count(&app.message_id("relayed", "welcome")), 1);
+}

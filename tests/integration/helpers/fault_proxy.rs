@@ -128,6 +128,26 @@ impl FaultProxy {
         self.fault.send_replace(fault);
     }
 
+    /// Bytes the clients sent that wait unread in the proxy's sockets (the kernel's receive
+    /// queues, from `/proc/net/tcp`): during a [`Fault::Blackhole`], more than 0 means a client
+    /// has written into the partition (a statement, a frame) and waits for the answer.
+    pub fn held_from_clients(&self) -> u64 {
+        let table = std::fs::read_to_string("/proc/net/tcp").unwrap_or_default();
+        let port = format!(":{:04X}", self.port);
+        table
+            .lines()
+            .skip(1)
+            .filter_map(|line| {
+                let fields: Vec<&str> = line.split_whitespace().collect();
+                // local_address, then tx_queue:rx_queue in the fifth column.
+                let local = fields.get(1)?;
+                let (_, rx) = fields.get(4)?.split_once(':')?;
+                let listening = fields.get(3) == Some(&"0A");
+                (local.ends_with(&port) && !listening).then(|| u64::from_str_radix(rx, 16).ok())?
+            })
+            .sum()
+    }
+
     /// `url` with its port replaced by the proxy's.
     pub fn url_through(&self, url: &str) -> String {
         let mut u = url::Url::parse(url).unwrap();

@@ -194,15 +194,21 @@ impl TestApp {
         Running::spawn(relay.stats(), |stop| tokio::spawn(relay.run(stop)))
     }
 
-    /// Starts `mailroom relay` as a real process.
+    /// Starts `mailroom relay` as a real process, logging to `relay.log` in the test's
+    /// directory.
     pub fn spawn_relay_process(&self, extra: &[&str], env: &[(&str, &str)]) -> Child {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.path().join("relay.log"))
+            .unwrap();
         Process::new(env!("CARGO_BIN_EXE_mailroom"))
             .arg("relay")
             .args(self.relay_args(extra))
             .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
-            .stderr(test_log_or(Stdio::null()))
+            .stderr(test_log_or(Stdio::from(log)))
             .kill_on_drop(true)
             .spawn()
             .expect("start mailroom relay")
