@@ -37,8 +37,10 @@ mod problem;
 pub mod ready;
 mod suppressions;
 
+use std::future::IntoFuture;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::{
     Json, Router,
@@ -171,9 +173,36 @@ pub async fn serve_metrics(
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
     tracing::info!(addr = %listener.local_addr()?, "metrics listening");
-    axum::serve(listener, metrics_router(metrics, readiness))
-        .with_graceful_shutdown(async move { shutdown.cancelled().await })
-        .await?;
+    serve_until(listener, metrics_router(metrics, readiness), shutdown).await
+}
+
+/// How long the requests in flight have, once the process is told to stop, to be answered. A
+/// request waiting on a database cut off by a partition waits for TCP to give up, minutes
+/// (`serve` was seen still running a minute after SIGTERM): past this their connections are
+/// closed unanswered and the process goes on stopping.
+pub const STOP_PATIENCE: Duration = Duration::from_secs(10);
+
+/// Serves `app` on `listener` until `shutdown`, then lets the requests in flight finish for
+/// at most [`STOP_PATIENCE`].
+async fn serve_until(
+    listener: tokio::net::TcpListener,
+    app: Router,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
+    let stop = shutdown.clone();
+    let served = axum::serve(listener, app)
+        .with_graceful_shutdown(async move { stop.cancelled().await })
+        .into_future();
+    let overdue = async {
+        shutdown.cancelled().await;
+        tokio::time::sleep(STOP_PATIENCE).await;
+    };
+    tokio::select! {
+        served = served => served?,
+        () = overdue => tracing::warn!(
+            "requests still in flight {STOP_PATIENCE:?} after the shutdown; their connections are closed unanswered"
+        ),
+    }
     Ok(())
 }
 
@@ -199,10 +228,7 @@ pub async fn serve(
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
     tracing::info!(addr = %listener.local_addr()?, "HTTP API listening");
-    axum::serve(listener, router(state))
-        .with_graceful_shutdown(async move { shutdown.cancelled().await })
-        .await?;
-    Ok(())
+    serve_until(listener, router(state), shutdown).await
 }
 
 async fn require_token(

@@ -369,3 +369,36 @@ async fn a_relay_stopped_during_a_database_partition_exits_within_its_patience()
     worker.stop().await;
     assert_eq!(app.smtp.count(&app.message_id("relayed", "welcome")), 1);
 }
+
+/// `mailroom serve` stopped while a request waits on a database that does not answer exits
+/// within its patience: the request's connection is closed unanswered instead of holding the
+/// stop for TCP's minutes.
+#[tokio::test]
+async fn serve_stopped_with_a_request_held_in_a_database_partition_exits() {
+    let app = TestApp::spawn().await;
+    let db_port = url::Url::parse(&app.db_url).unwrap().port().unwrap();
+    let proxy = FaultProxy::start(db_port).await;
+    let url = proxy.url_through(&app.db_url);
+    let addr = format!("127.0.0.1:{}", free_port());
+    let mut serve = app.spawn_serve_process(&addr, &["--database-url", &url]);
+    let status_url = format!("http://{addr}/v1/emails/held/welcome");
+    eventually("serve answering", || async {
+        let r = reqwest::get(&status_url).await.ok()?;
+        (r.status() == 404).then_some(())
+    })
+    .await;
+    proxy.set(Fault::Blackhole);
+    let request = tokio::spawn(reqwest::get(status_url.clone()));
+    eventually("the request's statement held in the partition", || async {
+        (proxy.held_from_clients() > 0).then_some(())
+    })
+    .await;
+    terminate(&serve).await;
+    let status = tokio::time::timeout(PATIENCE, serve.wait())
+        .await
+        .expect("serve exits though a request of its waits on the database")
+        .unwrap();
+    assert_eq!(status.code(), Some(0));
+    let answered = request.await.unwrap();
+    assert!(answered.is_err(), "no answer: {answered:?}");
+}

@@ -141,15 +141,15 @@ impl TestApp {
     }
 
     /// [`TestApp::spawn_serve_process`] with the broker at `amqp_url` (one that is down, say).
+    /// A `--database-url` in `extra` replaces the test's database.
     pub fn spawn_serve_process_on(&self, amqp_url: &str, http_addr: &str, extra: &[&str]) -> Child {
+        let mut extra = extra.to_vec();
+        let db_url = match extra.iter().position(|a| *a == "--database-url") {
+            Some(at) => extra.drain(at..at + 2).nth(1).unwrap(),
+            None => &self.db_url,
+        };
         Process::new(env!("CARGO_BIN_EXE_mailroom"))
-            .args([
-                "serve",
-                "--http-addr",
-                http_addr,
-                "--database-url",
-                &self.db_url,
-            ])
+            .args(["serve", "--http-addr", http_addr, "--database-url", db_url])
             .args(["--amqp-url", amqp_url, "--namespace", &self.namespace])
             .args(["--retry-delays", TEST_RETRY_DELAYS])
             .args(extra)
