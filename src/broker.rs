@@ -51,16 +51,16 @@ pub const CONFIRM_TIMEOUT: Duration = Duration::from_secs(10);
 /// connection held once it notices the connection gone.
 pub const GOODBYE_TIMEOUT: Duration = Duration::from_secs(3);
 
-/// Closes `channel`, if given, then `conn`, both within [`GOODBYE_TIMEOUT`]; false if the
-/// broker did not answer in time (the connection is dropped with its last handle).
-pub async fn close_within(conn: &Connection, channel: Option<&Channel>, reason: &str) -> bool {
+/// Closes `channel`, if given, then `conn`, both within [`GOODBYE_TIMEOUT`]; a broker that does
+/// not answer in time is left to notice the connection gone once its last handle is dropped.
+pub async fn close_within(conn: &Connection, channel: Option<&Channel>, reason: &str) {
     let goodbye = async {
         if let Some(channel) = channel {
             let _ = channel.close(200, reason.into()).await;
         }
         let _ = conn.close(200, reason.into()).await;
     };
-    tokio::time::timeout(GOODBYE_TIMEOUT, goodbye).await.is_ok()
+    let _ = tokio::time::timeout(GOODBYE_TIMEOUT, goodbye).await;
 }
 
 /// How long an ack, nack or reject may take to be written. lapin resolves one once written; one

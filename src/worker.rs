@@ -219,7 +219,12 @@ impl Worker {
         shutdown: &CancellationToken,
         reconnect: &mut broker::Reconnect,
     ) -> anyhow::Result<()> {
-        let mut session = self.connect().await?;
+        // A stop while connecting (a declaration waiting on a broker cut off) drops what is
+        // half open: nothing was taken from the queue yet.
+        let mut session = tokio::select! {
+            session = self.connect() => session?,
+            () = shutdown.cancelled() => return Ok(()),
+        };
         self.live.send_replace(Some(session.conn.status().clone()));
         reconnect.started();
         let s = &self.settings;

@@ -35,12 +35,7 @@ async fn sigterm_with_50_jobs_in_flight_sends_all_once_and_exits_0() {
         (app.count_status("sending").await == 50).then_some(())
     })
     .await;
-    terminate(&worker).await;
-    let status = tokio::time::timeout(PATIENCE, worker.wait())
-        .await
-        .expect("worker exits")
-        .unwrap();
-    assert_eq!(status.code(), Some(0));
+    terminate_expecting_exit_0(&app, &mut worker, "worker.log", "worker exits").await;
 
     let received = app.smtp.received();
     let ids: HashSet<_> = received
@@ -78,12 +73,7 @@ async fn a_worker_stopped_over_a_backlog_hands_back_no_delivery() {
         (sent >= 40 && i64::from(JOBS - ready) - sent >= 60).then_some(())
     })
     .await;
-    terminate(&worker).await;
-    let status = tokio::time::timeout(PATIENCE, worker.wait())
-        .await
-        .expect("worker exits")
-        .unwrap();
-    assert_eq!(status.code(), Some(0));
+    terminate_expecting_exit_0(&app, &mut worker, "worker.log", "worker exits").await;
 
     let sent = app.count_status("sent").await;
     let left = i64::from(app.ready_messages().await);
@@ -221,10 +211,6 @@ async fn a_relay_whose_listener_backend_is_terminated_still_relays() {
     assert_eq!(app.smtp.count(&app.message_id("after-kill", "welcome")), 1);
 }
 
-fn process_log(app: &TestApp, name: &str) -> String {
-    std::fs::read_to_string(app.dir.path().join(name)).unwrap_or_default()
-}
-
 /// A worker stopped while RabbitMQ is cut off (a partition: nothing answers, no socket closes)
 /// does not wait for lapin to give the connection up (two missed heartbeats, 120 s with
 /// RabbitMQ's default): its goodbyes to the broker are bounded, the delivery in flight is still
@@ -242,18 +228,19 @@ async fn a_worker_stopped_during_a_broker_partition_finishes_in_flight_and_exits
     })
     .await;
     proxy.set(Fault::Blackhole);
-    terminate(&worker).await;
-    let status = tokio::time::timeout(PATIENCE, worker.wait())
-        .await
-        .expect("the worker exits without waiting for the heartbeat")
-        .unwrap();
-    assert_eq!(status.code(), Some(0));
+    terminate_expecting_exit_0(
+        &app,
+        &mut worker,
+        "worker.log",
+        "the worker exits without waiting for the heartbeat",
+    )
+    .await;
     assert_eq!(
         app.count_status("sent").await,
         1,
         "the delivery in flight finished within the grace"
     );
-    let log = process_log(&app, "worker.log");
+    let log = app.process_log("worker.log");
     assert!(
         log.contains("did not answer the consumer's cancel"),
         "{log}"
@@ -281,12 +268,13 @@ async fn a_relay_stopped_during_a_broker_partition_exits() {
     })
     .await;
     proxy.set(Fault::Blackhole);
-    terminate(&relay).await;
-    let status = tokio::time::timeout(PATIENCE, relay.wait())
-        .await
-        .expect("the relay exits without waiting for the heartbeat")
-        .unwrap();
-    assert_eq!(status.code(), Some(0));
+    terminate_expecting_exit_0(
+        &app,
+        &mut relay,
+        "relay.log",
+        "the relay exits without waiting for the heartbeat",
+    )
+    .await;
     assert_eq!(app.unpublished().await, 0);
 }
 
@@ -307,25 +295,67 @@ async fn a_worker_stopped_during_a_database_partition_exits() {
     })
     .await;
     proxy.set(Fault::Blackhole);
-    terminate(&worker).await;
-    let Ok(status) = tokio::time::timeout(PATIENCE, worker.wait()).await else {
-        let log = process_log(&app, "worker.log");
-        panic!("the worker still runs {PATIENCE:?} after SIGTERM:\n{log}");
-    };
-    let status = status.unwrap();
-    assert_eq!(status.code(), Some(0));
-    let log = process_log(&app, "worker.log");
+    let expected = "the worker exits though its database does not answer";
+    terminate_expecting_exit_0(&app, &mut worker, "worker.log", expected).await;
+    let log = app.process_log("worker.log");
     assert!(
         log.contains("the last heartbeat was not written within"),
         "{log}"
     );
 }
 
-/// A relay stopped while a statement of its waits in a database partition (TCP gives up only
-/// after minutes; the relay was seen still running 200 s later) exits within its stop
-/// patience, says so, and what it had published is still sent once.
+/// A relay stopped while its batch never gets past the confirm (held there forever by a
+/// failpoint, as by a statement that waits on a database cut off) exits within its stop
+/// patience and says so; the row it published and did not mark is published again by the next
+/// relay and sent once.
 #[tokio::test]
-async fn a_relay_stopped_during_a_database_partition_exits_within_its_patience() {
+async fn a_relay_stopped_while_its_batch_is_stuck_exits_within_its_patience() {
+    let app = TestApp::spawn().await;
+    let held = [("MAILROOM_FAILPOINTS", "relay.after_confirm=pause")];
+    let mut relay = app.spawn_relay_process(&[], &held);
+    app.enqueue(&app.email_job("stuck")).await.unwrap();
+    eventually(
+        "the row published, its batch held before the mark",
+        || async {
+            let paused = app.process_log("relay.log").contains("failpoint: pausing");
+            (paused && app.ready_messages().await == 1).then_some(())
+        },
+    )
+    .await;
+    terminate_expecting_exit_0(
+        &app,
+        &mut relay,
+        "relay.log",
+        "the relay exits though its batch never returns",
+    )
+    .await;
+    let log = app.process_log("relay.log");
+    let said = format!(
+        "the relay did not stop within {:?}",
+        mailroom::relay::STOP_PATIENCE
+    );
+    assert!(log.contains(&said), "{log}");
+    assert_eq!(app.unpublished().await, 1, "the mark never committed");
+
+    let worker = app.start_worker(&[]);
+    let relay = app.start_relay(&[]);
+    worker.stats.wait_until(|s| s.sent == 1).await;
+    eventually("the row published again and marked", || async {
+        (app.unpublished().await == 0).then_some(())
+    })
+    .await;
+    relay.stop().await;
+    worker.stats.wait_until(|s| s.duplicates == 1).await;
+    worker.stop().await;
+    assert_eq!(app.smtp.count(&app.message_id("stuck", "welcome")), 1);
+}
+
+/// A relay stopped while its database is cut off (a statement waiting on it waits for TCP to
+/// give up, minutes: the relay was seen still running 210 s after SIGTERM) exits 0, through its
+/// stop patience or, when the statement was a new connection's, the pool's own timeout; what it
+/// published is still sent once.
+#[tokio::test]
+async fn a_relay_stopped_during_a_database_partition_exits() {
     let app = TestApp::spawn().await;
     let db_port = url::Url::parse(&app.db_url).unwrap().port().unwrap();
     let proxy = FaultProxy::start(db_port).await;
@@ -350,18 +380,13 @@ async fn a_relay_stopped_during_a_database_partition_exits_within_its_patience()
         (proxy.held_from_clients() > 0).then_some(())
     })
     .await;
-    terminate(&relay).await;
-    let status = tokio::time::timeout(PATIENCE, relay.wait())
-        .await
-        .expect("the relay exits though its statement never returns")
-        .unwrap();
-    assert_eq!(status.code(), Some(0));
-    let log = process_log(&app, "relay.log");
-    let said = format!(
-        "the relay did not stop within {:?}",
-        mailroom::relay::STOP_PATIENCE
-    );
-    assert!(log.contains(&said), "{log}");
+    terminate_expecting_exit_0(
+        &app,
+        &mut relay,
+        "relay.log",
+        "the relay exits though its statement never returns",
+    )
+    .await;
 
     proxy.set(Fault::Reset);
     let worker = app.start_worker(&[]);
@@ -393,12 +418,13 @@ async fn serve_stopped_with_a_request_held_in_a_database_partition_exits() {
         (proxy.held_from_clients() > 0).then_some(())
     })
     .await;
-    terminate(&serve).await;
-    let status = tokio::time::timeout(PATIENCE, serve.wait())
-        .await
-        .expect("serve exits though a request of its waits on the database")
-        .unwrap();
-    assert_eq!(status.code(), Some(0));
+    terminate_expecting_exit_0(
+        &app,
+        &mut serve,
+        "",
+        "serve exits though a request of its waits on the database",
+    )
+    .await;
     let answered = request.await.unwrap();
     assert!(answered.is_err(), "no answer: {answered:?}");
 }

@@ -46,10 +46,6 @@ async fn publish_as_replay(app: &TestApp, job: &Value, seal: Option<&str>) {
     let _ = conn.close(200, "published".into()).await;
 }
 
-fn worker_log(app: &TestApp) -> String {
-    std::fs::read_to_string(app.dir.path().join("worker.log")).unwrap_or_default()
-}
-
 #[tokio::test]
 async fn a_forged_replay_marker_does_not_resurrect_a_dead_job_but_mailrooms_replay_does() {
     // 554, not a 5.1.1 that would suppress the address and make the genuine replay unsent.
@@ -74,7 +70,10 @@ async fn a_forged_replay_marker_does_not_resurrect_a_dead_job_but_mailrooms_repl
     assert_eq!(app.smtp.received().len(), 0, "a forged copy was sent");
     let row = app.notification("forged-replay", "welcome").await.unwrap();
     assert_eq!((row.status.as_str(), row.attempts), ("dead", 1));
-    let warnings = worker_log(&app).matches(FORGED_WARNING).count();
+    let warnings = app
+        .process_log("worker.log")
+        .matches(FORGED_WARNING)
+        .count();
     assert_eq!(warnings, 2, "one WARN per forged delivery");
 
     // mailroom's own replay (the key comes from the database, as the worker's does).
@@ -96,7 +95,12 @@ async fn a_forged_replay_marker_does_not_resurrect_a_dead_job_but_mailrooms_repl
         app.smtp.count(&app.message_id("forged-replay", "welcome")),
         1
     );
-    assert_eq!(worker_log(&app).matches(FORGED_WARNING).count(), 2);
+    assert_eq!(
+        app.process_log("worker.log")
+            .matches(FORGED_WARNING)
+            .count(),
+        2
+    );
 }
 
 /// `mailroom dlq replay <id>` with `MAILROOM_REPLAY_KEY`, after ingesting the dead letters

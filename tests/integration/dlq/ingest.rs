@@ -17,10 +17,6 @@ async fn rows(app: &TestApp) -> i64 {
         .await
 }
 
-fn worker_log(app: &TestApp) -> String {
-    std::fs::read_to_string(app.dir.path().join("worker.log")).unwrap_or_default()
-}
-
 #[tokio::test]
 async fn a_letter_is_never_lost_when_the_ingesting_worker_is_killed_between_insert_and_ack() {
     let app = TestApp::spawn().await;
@@ -30,7 +26,7 @@ async fn a_letter_is_never_lost_when_the_ingesting_worker_is_killed_between_inse
     eventually(
         "the row committed, its letter delivered and not acked",
         || async {
-            let paused = worker_log(&app).contains("failpoint: pausing");
+            let paused = app.process_log("worker.log").contains("failpoint: pausing");
             (paused && rows(&app).await == 1 && app.dead_queue_length().await == 0).then_some(())
         },
     )
@@ -62,12 +58,14 @@ async fn an_ack_that_never_completes_ends_the_session_and_ingesting_goes_on() {
     let failpoint = [("MAILROOM_FAILPOINTS", "dlq.in_ack=delay-once:1h")];
     let mut worker = app.spawn_worker_process(&[], &failpoint);
     eventually("the first letter stored, its ack held", || async {
-        let held = worker_log(&app).contains("failpoint: delaying");
+        let held = app
+            .process_log("worker.log")
+            .contains("failpoint: delaying");
         (held && rows(&app).await == 1).then_some(())
     })
     .await;
     eventually("the held ack given up", || async {
-        worker_log(&app)
+        app.process_log("worker.log")
             .contains("stored dead letters was not written within")
             .then_some(())
     })
@@ -77,12 +75,7 @@ async fn an_ack_that_never_completes_ends_the_session_and_ingesting_goes_on() {
         (rows(&app).await == 2 && app.dead_queue_length().await == 0).then_some(())
     })
     .await;
-    terminate(&worker).await;
-    let status = tokio::time::timeout(PATIENCE, worker.wait())
-        .await
-        .expect("the worker exits")
-        .unwrap();
-    assert_eq!(status.code(), Some(0));
+    terminate_expecting_exit_0(&app, &mut worker, "worker.log", "the worker exits").await;
     // Whatever the stop handed back is stored already: one row per letter.
     let out = app.cli(&["dlq", "ingest"]).await;
     assert!(out.contains("ingested 0 dead letters"), "{out}");
@@ -99,17 +92,18 @@ async fn a_worker_stops_on_sigterm_while_its_ingester_is_stuck() {
     let failpoint = [("MAILROOM_FAILPOINTS", "dlq.after_insert=pause")];
     let mut worker = app.spawn_worker_process(&[], &failpoint);
     eventually("the row committed and the ingester stuck", || async {
-        let paused = worker_log(&app).contains("failpoint: pausing");
+        let paused = app.process_log("worker.log").contains("failpoint: pausing");
         (paused && rows(&app).await == 1).then_some(())
     })
     .await;
-    terminate(&worker).await;
-    let status = tokio::time::timeout(PATIENCE, worker.wait())
-        .await
-        .expect("the worker exits though its ingester never returns")
-        .unwrap();
-    assert_eq!(status.code(), Some(0));
-    let log = worker_log(&app);
+    terminate_expecting_exit_0(
+        &app,
+        &mut worker,
+        "worker.log",
+        "the worker exits though its ingester never returns",
+    )
+    .await;
+    let log = app.process_log("worker.log");
     let said = format!(
         "dead-letter ingest did not stop within {:?}",
         mailroom::dlq::ingest::STOP_PATIENCE
@@ -310,7 +304,9 @@ async fn held_through(app: &TestApp, tries: u32) {
                 "the letter was handed back to the queue"
             );
             assert_eq!(rows(app).await, 0);
-            worker_log(app).contains(&retried).then_some(())
+            app.process_log("worker.log")
+                .contains(&retried)
+                .then_some(())
         },
     )
     .await;
@@ -318,7 +314,7 @@ async fn held_through(app: &TestApp, tries: u32) {
 
 /// What the worker's log says of the pause: one WARN when it began, one INFO when it ended.
 fn assert_one_pause(app: &TestApp) {
-    let log = worker_log(app);
+    let log = app.process_log("worker.log");
     assert_eq!(log.matches("dead-letter ingest paused").count(), 1, "{log}");
     assert_eq!(
         log.matches("dead-letter ingest resumed").count(),
@@ -340,7 +336,7 @@ async fn a_database_outage_holds_the_letters_in_hand_and_stores_them_once_it_end
     proxy.set(Fault::Reset);
     publish_to_dlx(&app, &[letter(&app.job("outage"), "rejected", "550")]).await;
     eventually("the pause begun", || async {
-        worker_log(&app)
+        app.process_log("worker.log")
             .contains("dead-letter ingest paused")
             .then_some(())
     })

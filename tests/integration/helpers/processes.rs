@@ -10,7 +10,7 @@ use clap::Parser;
 use mailroom::cli::{Cli, Command};
 use mailroom::render::LiveTemplates;
 use mailroom::worker::Stats;
-use mailroom_test_kit::waits::eventually;
+use mailroom_test_kit::waits::{PATIENCE, eventually};
 use tokio::process::{Child, Command as Process};
 use tokio_util::sync::CancellationToken;
 
@@ -307,6 +307,32 @@ fn with_overrides(mut args: Vec<String>, extra: &[&str]) -> Vec<String> {
         args.extend(pair.iter().map(|s| s.to_string()));
     }
     args
+}
+
+/// Sends SIGTERM to `child` and waits up to [`PATIENCE`] for it to exit 0; `expected` says
+/// why it must, and a test that waits in vain shows the process's `log` (a file in the test's
+/// directory).
+pub async fn terminate_expecting_exit_0(
+    app: &TestApp,
+    child: &mut Child,
+    log: &str,
+    expected: &str,
+) {
+    terminate(child).await;
+    let Ok(status) = tokio::time::timeout(PATIENCE, child.wait()).await else {
+        let log = app.process_log(log);
+        panic!("still running {PATIENCE:?} after SIGTERM; expected: {expected}\n{log}");
+    };
+    let status = status.unwrap();
+    assert_eq!(status.code(), Some(0), "{expected}");
+}
+
+impl TestApp {
+    /// The log a process spawned by this test wrote to `name` in the test's directory
+    /// (`worker.log`, `relay.log`), empty if none.
+    pub fn process_log(&self, name: &str) -> String {
+        std::fs::read_to_string(self.dir.path().join(name)).unwrap_or_default()
+    }
 }
 
 /// Sends SIGTERM to a child process.
