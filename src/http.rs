@@ -193,13 +193,9 @@ async fn serve_until(
     let served = axum::serve(listener, app)
         .with_graceful_shutdown(async move { stop.cancelled().await })
         .into_future();
-    let overdue = async {
-        shutdown.cancelled().await;
-        tokio::time::sleep(STOP_PATIENCE).await;
-    };
-    tokio::select! {
-        served = served => served?,
-        () = overdue => tracing::warn!(
+    match crate::shutdown::within_patience(&shutdown, STOP_PATIENCE, served).await {
+        Some(served) => served?,
+        None => tracing::warn!(
             "requests still in flight {STOP_PATIENCE:?} after the shutdown; their connections are closed unanswered"
         ),
     }

@@ -299,15 +299,14 @@ impl Relay {
     /// Returns at most [`STOP_PATIENCE`] after `shutdown`, whatever the database and the broker
     /// do.
     pub async fn run(self, shutdown: CancellationToken) -> anyhow::Result<()> {
-        let overdue = async {
-            shutdown.cancelled().await;
-            tokio::time::sleep(STOP_PATIENCE).await;
-        };
-        tokio::select! {
-            () = self.sessions(&shutdown) => {}
-            () = overdue => tracing::warn!(
+        let sessions = self.sessions(&shutdown);
+        if crate::shutdown::within_patience(&shutdown, STOP_PATIENCE, sessions)
+            .await
+            .is_none()
+        {
+            tracing::warn!(
                 "the relay did not stop within {STOP_PATIENCE:?} of the shutdown (the database or the broker does not answer); it exits without finishing: rows it published and did not mark are published again by the next relay, and each is still sent once"
-            ),
+            );
         }
         let stats = &self.stats;
         tracing::info!(

@@ -2,7 +2,28 @@
 //! a parameter, so tests can stop the same loops with their own token. SIGHUP asks for a
 //! template reload.
 
+use std::future::Future;
+use std::time::Duration;
+
 use tokio_util::sync::CancellationToken;
+
+/// Runs `work` to its end, but for no longer than `patience` after `shutdown` is cancelled:
+/// `None` when the patience ran out and `work` was dropped unfinished. The bound of every
+/// long-running loop's stop, so that a peer that never answers cannot keep a process alive.
+pub async fn within_patience<T>(
+    shutdown: &CancellationToken,
+    patience: Duration,
+    work: impl Future<Output = T>,
+) -> Option<T> {
+    let overdue = async {
+        shutdown.cancelled().await;
+        tokio::time::sleep(patience).await;
+    };
+    tokio::select! {
+        done = work => Some(done),
+        () = overdue => None,
+    }
+}
 
 /// Returns a token cancelled on the first SIGINT or SIGTERM.
 pub fn on_signals() -> anyhow::Result<CancellationToken> {
@@ -44,4 +65,36 @@ pub fn on_hangup(
         }
     });
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn work_that_never_ends_is_dropped_a_patience_after_the_shutdown() {
+        let shutdown = CancellationToken::new();
+        let patience = Duration::from_secs(7);
+        let started = tokio::time::Instant::now();
+        let stopper = shutdown.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_secs(100)).await;
+            stopper.cancel();
+        });
+        let ended = within_patience(&shutdown, patience, std::future::pending::<()>()).await;
+        assert_eq!(ended, None);
+        assert_eq!(started.elapsed(), Duration::from_secs(107));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn work_that_ends_within_the_patience_keeps_its_result() {
+        let shutdown = CancellationToken::new();
+        shutdown.cancel();
+        let work = async {
+            tokio::time::sleep(Duration::from_secs(6)).await;
+            42
+        };
+        let ended = within_patience(&shutdown, Duration::from_secs(7), work).await;
+        assert_eq!(ended, Some(42));
+    }
 }

@@ -15,6 +15,7 @@ use crate::config::UrlList;
 use crate::db::Database;
 use crate::db::dead_letters::NewDeadLetter;
 use crate::dlq::DeadLetters;
+use crate::shutdown::within_patience;
 
 /// Letters held unacked at once: enough that a burst of dead letters is stored in groups of
 /// this many (one commit and one ack each), few enough that a pause or a crash hands back
@@ -62,16 +63,15 @@ impl Ingester {
             self.retention,
             shutdown.clone(),
         ));
-        let overdue = async {
-            shutdown.cancelled().await;
-            tokio::time::sleep(STOP_PATIENCE).await;
-        };
-        tokio::select! {
-            () = self.sessions(&shutdown) => {}
-            () = overdue => tracing::warn!(
+        let sessions = self.sessions(&shutdown);
+        if within_patience(&shutdown, STOP_PATIENCE, sessions)
+            .await
+            .is_none()
+        {
+            tracing::warn!(
                 "dead-letter ingest did not stop within {STOP_PATIENCE:?} of the shutdown; its broker connection is dropped, and the letters it held go back to {}",
                 self.topology.dead
-            ),
+            );
         }
         retention.abort();
         Ok(())
