@@ -62,7 +62,7 @@ const LOCK_WAIT_TIMEOUT_SECS: u32 = 30;
 /// "database unavailable" (a transient failure).
 const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long [`Database::close`] waits for the pool to close.
-const CLOSE_PATIENCE: Duration = Duration::from_secs(5);
+pub const CLOSE_PATIENCE: Duration = Duration::from_secs(5);
 
 /// A pooled connection to the configured database engine.
 #[derive(Clone, Debug)]

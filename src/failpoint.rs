@@ -23,7 +23,8 @@
 //! Points: `worker.before_claim` (decoded, nothing claimed yet), `worker.after_claim`,
 //! `worker.after_smtp_ok`, `worker.after_record`, `worker.before_dead_letter` (the job's
 //! dead letter not yet published), `worker.before_ack` (every ack: the outcome is recorded or
-//! published, the ack not sent), `relay.after_confirm`, `dlq.after_insert` (a dead
+//! published, the ack not sent), `worker.stopping` (a stopping worker's deliveries drained,
+//! its last heartbeat not written), `relay.after_confirm`, `dlq.after_insert` (a dead
 //! letter's row committed, its ack not sent: [`crate::dlq::ingest`]), `dlq.in_ack` (the same
 //! inside the ack's time bound: held, it is an ack lapin never resolves),
 //! `broker.migrate_mid_drain` (a moved letter's copy confirmed, the original not acked:

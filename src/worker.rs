@@ -58,6 +58,16 @@ use heartbeat::Heartbeat;
 pub use outcome::{ErrorClass, Outcome};
 pub use stats::{KindStats, OTHER_KIND, Snapshot, Stats};
 
+/// How long a worker may take to exit beyond its shutdown grace, whatever RabbitMQ and the
+/// database do: the publisher's and the consuming connection's closes, the last heartbeat and
+/// the pool's close, each bounded. The dead-letter ingester and the metrics listener stop
+/// beside these, each within a shorter patience of its own (asserted where they are wired
+/// together, in `startup`).
+pub const STOP_BEYOND_GRACE: Duration = broker::GOODBYE_TIMEOUT
+    .saturating_add(broker::GOODBYE_TIMEOUT)
+    .saturating_add(heartbeat::LAST_BEAT_PATIENCE)
+    .saturating_add(crate::db::CLOSE_PATIENCE);
+
 /// Everything the worker needs to know, resolved from the CLI/environment.
 #[derive(Clone, Debug)]
 pub struct WorkerSettings {
@@ -156,8 +166,38 @@ impl Worker {
         self.db.clone()
     }
 
-    /// Consumes until `shutdown` is cancelled, reconnecting as needed.
-    pub async fn run(mut self, shutdown: CancellationToken) -> anyhow::Result<()> {
+    /// Consumes until `shutdown` is cancelled, reconnecting as needed; returns at most the
+    /// shutdown grace plus [`STOP_BEYOND_GRACE`] after the shutdown, whatever its peers do.
+    /// Every step of the stop has a bound of its own; past their sum (which none should reach)
+    /// the worker gives up and says so, and what it still held goes back to the queue with its
+    /// connection, as after a crash.
+    pub async fn run(self, shutdown: CancellationToken) -> anyhow::Result<()> {
+        let patience = self
+            .settings
+            .shutdown_grace
+            .saturating_add(STOP_BEYOND_GRACE);
+        let run = self.run_until_stopped(shutdown.clone());
+        match crate::shutdown::within_patience(&shutdown, patience, run).await {
+            Some(result) => result,
+            None => {
+                tracing::warn!(
+                    "the worker did not stop within {patience:?} of the shutdown (the grace and {STOP_BEYOND_GRACE:?}); exiting with what it holds unsettled, which the broker redelivers"
+                );
+                Ok(())
+            }
+        }
+    }
+
+    async fn run_until_stopped(mut self, shutdown: CancellationToken) -> anyhow::Result<()> {
+        // When the shutdown came: deliveries in flight get one grace from then, however the
+        // session ended (a graceful finish drains until the same moment).
+        let stopped_at = tokio::spawn({
+            let shutdown = shutdown.clone();
+            async move {
+                shutdown.cancelled().await;
+                tokio::time::Instant::now()
+            }
+        });
         self.ledger = self.ledger.grouped(self.settings.ledger_group);
         let worker = Arc::new(self);
         let slots = Arc::new(Semaphore::new(worker.settings.concurrency.max(1)));
@@ -192,7 +232,21 @@ impl Worker {
                 }
             }
         }
-        drain(&tracker, worker.settings.shutdown_grace).await;
+        let now = tokio::time::Instant::now();
+        let stopped_at = if shutdown.is_cancelled() {
+            stopped_at.await.unwrap_or(now)
+        } else {
+            now
+        };
+        let grace_left = (stopped_at + worker.settings.shutdown_grace)
+            .saturating_duration_since(tokio::time::Instant::now());
+        if grace_left.is_zero() {
+            // A graceful finish drained until this moment, and said what it left.
+            tracker.close();
+        } else {
+            drain(&tracker, grace_left).await;
+        }
+        crate::failpoint::hit("worker.stopping").await;
         // The last beat counts the drained deliveries and marks the worker stopped; a database
         // that does not answer (a partition) must not hold the exit for TCP's minutes.
         beats.cancel();

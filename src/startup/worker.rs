@@ -71,6 +71,13 @@ pub struct DkimConfig {
     pub domain: Option<String>,
 }
 
+// The ingester and the metrics listener stop beside the worker, so within its bound.
+const _: () = assert!(
+    crate::dlq::ingest::STOP_PATIENCE.as_millis() < crate::worker::STOP_BEYOND_GRACE.as_millis()
+);
+const _: () =
+    assert!(crate::http::STOP_PATIENCE.as_millis() < crate::worker::STOP_BEYOND_GRACE.as_millis());
+
 /// Runs the worker, the template watcher (and SIGHUP) and the optional metrics listener until
 /// `shutdown`.
 pub async fn run_worker(config: &WorkerConfig, shutdown: CancellationToken) -> anyhow::Result<()> {

@@ -428,3 +428,74 @@ async fn serve_stopped_with_a_request_held_in_a_database_partition_exits() {
     let answered = request.await.unwrap();
     assert!(answered.is_err(), "no answer: {answered:?}");
 }
+
+/// A delivery held past the shutdown grace (paused after its claim, as by a statement or a
+/// send that never returns) holds the stop for one grace, counted from the SIGTERM: the stop
+/// used to give what was left a second grace after the first had run out.
+#[tokio::test]
+async fn a_delivery_held_past_the_grace_holds_the_stop_for_one_grace_only() {
+    let app = TestApp::spawn().await;
+    let grace = std::time::Duration::from_secs(8);
+    let grace_flag = format!("{}s", grace.as_secs());
+    let held = [("MAILROOM_FAILPOINTS", "worker.after_claim=pause")];
+    let mut worker = app.spawn_worker_process(&["--shutdown-grace", &grace_flag], &held);
+    app.publish(&app.job("held")).await;
+    eventually("the delivery held after its claim", || async {
+        app.process_log("worker.log")
+            .contains("failpoint: pausing")
+            .then_some(())
+    })
+    .await;
+    let sigterm = std::time::Instant::now();
+    terminate_expecting_exit_0(
+        &app,
+        &mut worker,
+        "worker.log",
+        "the worker gives up the held delivery after its grace",
+    )
+    .await;
+    let took = sigterm.elapsed();
+    let log = app.process_log("worker.log");
+    assert!(
+        took >= grace,
+        "stopped after {took:?}, before its grace\n{log}"
+    );
+    assert!(
+        took < 2 * grace,
+        "stopped {took:?} after SIGTERM: a second grace for the same delivery\n{log}"
+    );
+    assert_eq!(
+        log.matches("shutdown grace period over").count(),
+        1,
+        "{log}"
+    );
+    assert_eq!(app.count_status("sent").await, 0);
+}
+
+/// Whatever holds a worker's stop, it exits within its grace and its bounded goodbyes
+/// (`worker::STOP_BEYOND_GRACE`) and says so: here the stop is held forever after the drain.
+#[tokio::test]
+async fn a_worker_whose_stop_is_held_exits_within_its_bound() {
+    let app = TestApp::spawn().await;
+    let held = [("MAILROOM_FAILPOINTS", "worker.stopping=pause")];
+    let mut worker = app.spawn_worker_process(&["--shutdown-grace", "1s"], &held);
+    app.publish(&app.job("before")).await;
+    eventually("the job sent", || async {
+        (app.count_status("sent").await == 1).then_some(())
+    })
+    .await;
+    terminate_expecting_exit_0(
+        &app,
+        &mut worker,
+        "worker.log",
+        "the worker exits though its stop is held",
+    )
+    .await;
+    let log = app.process_log("worker.log");
+    assert!(log.contains("failpoint: pausing"), "{log}");
+    let said = format!(
+        "the worker did not stop within {:?}",
+        std::time::Duration::from_secs(1) + mailroom::worker::STOP_BEYOND_GRACE
+    );
+    assert!(log.contains(&said), "{log}");
+}

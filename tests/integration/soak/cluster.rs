@@ -58,9 +58,17 @@ const STARVE_STALL: Duration = Duration::from_millis(1500);
 /// claim is held (a worker may be waiting for a session on it), and of this many newest rows.
 const STARVE_COPIES: u32 = 30;
 
-/// How long a process may take to exit after SIGTERM: mailroom's default shutdown grace (30 s)
-/// plus time to close its connections.
-const STOP_PATIENCE: Duration = Duration::from_secs(40);
+/// The soak's workers' shutdown grace (mailroom's default).
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
+
+/// How long a process may take to exit after SIGTERM: what mailroom bounds a worker's stop by
+/// (its grace, then its bounded goodbyes; a relay's bound is shorter), and a few seconds for the
+/// process's own exit on this loaded machine. Derived, so a bound that grows in mailroom cannot
+/// make the soak call a process hung that kept its promise.
+const STOP_PATIENCE: Duration = SHUTDOWN_GRACE
+    .saturating_add(mailroom::worker::STOP_BEYOND_GRACE)
+    .saturating_add(Duration::from_secs(5));
+const _: () = assert!(mailroom::relay::STOP_PATIENCE.as_millis() < STOP_PATIENCE.as_millis());
 
 /// splitmix64: tiny, seedable, good enough to pick faults.
 pub struct Rng(u64);
@@ -228,9 +236,14 @@ impl<'a> Cluster<'a> {
         slot.back_at = None;
         let name = slot.name();
         let log = std::fs::File::create(self.logs.join(format!("{name}.log"))).unwrap();
+        let grace = format!("{}s", SHUTDOWN_GRACE.as_secs());
+        let worker = |flags: &[&str]| {
+            let flags = [flags, &["--shutdown-grace", &grace]].concat();
+            ("worker", self.app.worker_args(&flags))
+        };
         let (command, args) = match slot.role {
-            Role::Worker if slot.starved => ("worker", self.app.worker_args(STARVED_WORKER_ARGS)),
-            Role::Worker => ("worker", self.app.worker_args(WORKER_ARGS)),
+            Role::Worker if slot.starved => worker(STARVED_WORKER_ARGS),
+            Role::Worker => worker(WORKER_ARGS),
             Role::Relay => ("relay", self.app.relay_args(&[])),
         };
         let child = Command::new(env!("CARGO_BIN_EXE_mailroom"))
