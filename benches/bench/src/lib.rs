@@ -403,6 +403,9 @@ async fn run(opts: Opts) -> anyhow::Result<()> {
             report::incomplete(run.sent, run.n, run.complete),
             report::end_to_end_cost(&run)
         );
+        if let Some(commits) = alone.modes.first() {
+            println!("{}", report::budget_line(commits, &run));
+        }
         let rate = opts.target_rate;
         let n = ((rate * opts.paced_secs).round() as usize).max(10);
         let run = relay::end_to_end(

@@ -110,6 +110,12 @@ pub struct CommitRate {
     /// PostgreSQL's CPU per commit, µs, the mean of the rounds (every `postgres` process: the
     /// producers' backends and the relay's); 0 on MySQL/MariaDB.
     pub server_us_per_commit: f64,
+    /// The whole machine's CPU per commit, µs (every process and the kernel), the mean of the
+    /// rounds: what one commit costs these cores, to set against what an email costs them end
+    /// to end.
+    pub machine_us_per_commit: f64,
+    /// The producers' own process (the bench) per commit, µs, the mean of the rounds.
+    pub client_us_per_commit: f64,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -202,6 +208,8 @@ pub async fn outbox_commits_in(
                 unavailable: None,
                 paused_rounds: 0,
                 server_us_per_commit: 0.0,
+                machine_us_per_commit: 0.0,
+                client_us_per_commit: 0.0,
             })
             .collect();
         for round in 0..COMMIT_ROUNDS {
@@ -218,11 +226,13 @@ pub async fn outbox_commits_in(
                 let t = Instant::now();
                 workload::backlog(&p, n, PRODUCERS).await?;
                 m.rounds.push(n as f64 / t.elapsed().as_secs_f64());
+                let cpu = before.share_until(&Snapshot::take(&Roles::default()));
+                let per_commit = |share: f64| share / 100.0 * cpu.seconds / n as f64 * 1e6;
                 if engine == Engine::Postgres {
-                    let cpu = before.share_until(&Snapshot::take(&Roles::default()));
-                    let us = cpu.postgres / 100.0 * cpu.seconds / n as f64 * 1e6;
-                    m.server_us_per_commit += us;
+                    m.server_us_per_commit += per_commit(cpu.postgres);
                 }
+                m.machine_us_per_commit += per_commit(cpu.machine_busy);
+                m.client_us_per_commit += per_commit(cpu.bench);
                 if let Some(relay) = relay {
                     m.paused_rounds += usize::from(relay.paused().await);
                     relay.stop(&world).await?;
@@ -233,6 +243,8 @@ pub async fn outbox_commits_in(
             let rounds = m.rounds.len().max(1) as f64;
             m.per_s = m.rounds.iter().sum::<f64>() / rounds;
             m.server_us_per_commit /= rounds;
+            m.machine_us_per_commit /= rounds;
+            m.client_us_per_commit /= rounds;
         }
         anyhow::Ok(OutboxCommits {
             engine: match engine {

@@ -225,6 +225,32 @@ pub fn end_to_end_cost(e: &crate::relay::EndToEnd) -> String {
     text
 }
 
+/// What an email costs the whole machine end to end against what the producers' commit costs it
+/// alone, and how busy each run kept the machine: the rates stand as (busy / cost) do, so the
+/// ratio these figures give, the pipeline's share (everything beyond the commit), and what 0.6 of
+/// the producers' rate would leave that share at the same busy shares.
+pub fn budget_line(alone: &crate::relay::CommitRate, e: &crate::relay::EndToEnd) -> String {
+    let commit = alone.machine_us_per_commit;
+    let email = e.cpu.machine_busy / 100.0 * e.cpu.seconds / (e.sent.max(1) as f64) * 1e6;
+    let capacity = e.cpu.machine_capacity.max(1.0);
+    let busy_e2e = e.cpu.machine_busy / capacity;
+    let busy_alone = commit * alone.per_s / 1e6 / (capacity / 100.0);
+    if commit <= 0.0 || email <= 0.0 || busy_alone <= 0.0 {
+        return "–".into();
+    }
+    let email_at_target = busy_e2e / busy_alone * commit / 0.6;
+    format!(
+        "an email {email:.0} µs of the machine's CPU end to end (machine {:.0} % busy), a commit alone {commit:.0} µs (machine {:.0} % busy; PostgreSQL {:.0}, the producers' client {:.0}): rates in the ratio {:.2}; the pipeline adds {:.0} µs per email, where 0.6 would leave it {:.0}",
+        busy_e2e * 100.0,
+        busy_alone * 100.0,
+        alone.server_us_per_commit,
+        alone.client_us_per_commit,
+        (busy_e2e / email) / (busy_alone / commit),
+        email - commit,
+        email_at_target - commit,
+    )
+}
+
 /// [`cost_line`] of a paced worker run, with its SMTP server.
 pub fn paced_cost(p: &crate::workers::PacedRun) -> String {
     cost_line_into(&p.cpu, p.sent as f64, "worker", None, p.smtp)
@@ -597,6 +623,13 @@ fn relay_rows(t: &mut String, r: &Results, limit_text: &str) {
         crate::procstat::pg_clients_line(&max.pg_clients),
         relay_suffix(max)
     );
+    if let Some(alone) = c.modes.iter().find(|m| m.mode == "none") {
+        let _ = writeln!(
+            t,
+            "| end to end at full speed: the machine's CPU per email against a commit's alone | {} | | |",
+            budget_line(alone, max)
+        );
+    }
     let floor = path_floor_ms(r);
     for p in &rel.end_to_end_paced {
         e2e_paced_row(t, p, floor);
