@@ -21,8 +21,8 @@ mod publisher;
 
 pub use acks::{ACK_LINGER, AckPolicy, Acks};
 pub use connect::{
-    CONNECT_STAGGER, CONNECT_TIMEOUT, Ended, HEALTHY_AFTER, RECONNECT_MAX, RECONNECT_MIN,
-    Reconnect, connect, reconnect_backoff, refusal,
+    CONNECT_STAGGER, CONNECT_TIMEOUT, Ended, HEALTHY_AFTER, HEARTBEAT, RECONNECT_MAX,
+    RECONNECT_MIN, Reconnect, connect, reconnect_backoff, refusal,
 };
 pub use declare::{
     DeadQueue, Declared, Missing, REPAIR_EVERY, Refused, declare_and_repair, declare_topology,
@@ -46,8 +46,8 @@ pub const CONFIRM_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a goodbye to the broker may take: a consumer's cancel, a channel's and its
 /// connection's close. A broker that hears it answers in milliseconds; one cut off without a
 /// reset (a partition, a frozen node) never does, and lapin notices only after two missed
-/// heartbeats, 120 s with RabbitMQ's default of 60 s: a worker stopped then took that long to
-/// exit. Past this the process goes on without the answer; the broker requeues what the
+/// heartbeats (20 s with [`HEARTBEAT`], 120 s with RabbitMQ's default of 60 s): a worker
+/// stopped then took up to that long to exit. Past this the process goes on without the answer; the broker requeues what the
 /// connection held once it notices the connection gone.
 pub const GOODBYE_TIMEOUT: Duration = Duration::from_secs(3);
 

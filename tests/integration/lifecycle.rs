@@ -499,3 +499,41 @@ async fn a_worker_whose_stop_is_held_exits_within_its_bound() {
     );
     assert!(log.contains(&said), "{log}");
 }
+
+/// A worker cut off from RabbitMQ without anything being closed (a partition: nothing is reset,
+/// nothing arrives) holds the deliveries it took only until the broker misses two of its
+/// heartbeats. mailroom asks for a 10 s heartbeat, so another worker sends the job about 20 s
+/// after the cut; with RabbitMQ's default of 60 s the job waited 120 s.
+#[tokio::test]
+async fn the_job_a_worker_cut_off_from_rabbitmq_held_is_sent_by_another_within_its_heartbeats() {
+    let app = TestApp::spawn().await;
+    let proxy = FaultProxy::in_front_of(&app.amqp_url).await;
+    let url = proxy.url_through(&app.amqp_url);
+    let held = [("MAILROOM_FAILPOINTS", "worker.before_claim=pause")];
+    let mut cut_off = app.spawn_worker_process(&["--amqp-url", &url], &held);
+    app.publish(&app.job("held")).await;
+    eventually("the delivery held before its claim", || async {
+        app.process_log("worker.log")
+            .contains("failpoint: pausing")
+            .then_some(())
+    })
+    .await;
+    proxy.set(Fault::Blackhole);
+    let cut = std::time::Instant::now();
+    let worker = app.start_worker(&[]);
+    let two_beats = 2 * mailroom::broker::HEARTBEAT;
+    eventually_within(
+        two_beats + std::time::Duration::from_secs(30),
+        "the held job sent by the other worker",
+        || async { (app.count_status("sent").await == 1).then_some(()) },
+    )
+    .await;
+    let took = cut.elapsed();
+    assert!(
+        took >= mailroom::broker::HEARTBEAT / 2,
+        "sent {took:?} after the cut: before the broker could have missed a heartbeat"
+    );
+    worker.stop().await;
+    cut_off.kill().await.unwrap();
+    assert_eq!(app.smtp.count(&app.message_id("held", "welcome")), 1);
+}
