@@ -47,8 +47,8 @@ pub const CONFIRM_TIMEOUT: Duration = Duration::from_secs(10);
 /// connection's close. A broker that hears it answers in milliseconds; one cut off without a
 /// reset (a partition, a frozen node) never does, and lapin notices only after two missed
 /// heartbeats (20 s with [`HEARTBEAT`], 120 s with RabbitMQ's default of 60 s): a worker
-/// stopped then took up to that long to exit. Past this the process goes on without the answer; the broker requeues what the
-/// connection held once it notices the connection gone.
+/// stopped then took up to that long to exit. Past this the process goes on without the
+/// answer; the broker requeues what the connection held once it notices the connection gone.
 pub const GOODBYE_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// Closes `channel`, if given, then `conn`, both within [`GOODBYE_TIMEOUT`]; a broker that does

@@ -189,15 +189,7 @@ impl Worker {
     }
 
     async fn run_until_stopped(mut self, shutdown: CancellationToken) -> anyhow::Result<()> {
-        // When the shutdown came: deliveries in flight get one grace from then, however the
-        // session ended (a graceful finish drains until the same moment).
-        let stopped_at = tokio::spawn({
-            let shutdown = shutdown.clone();
-            async move {
-                shutdown.cancelled().await;
-                tokio::time::Instant::now()
-            }
-        });
+        let stop = StopClock::start(&shutdown);
         self.ledger = self.ledger.grouped(self.settings.ledger_group);
         let worker = Arc::new(self);
         let slots = Arc::new(Semaphore::new(worker.settings.concurrency.max(1)));
@@ -217,7 +209,7 @@ impl Worker {
         }
         while !shutdown.is_cancelled() {
             let ended = worker
-                .session(&slots, &tracker, &shutdown, &mut reconnect)
+                .session(&slots, &tracker, &shutdown, &stop, &mut reconnect)
                 .await;
             worker.live.send_replace(None);
             match ended {
@@ -232,13 +224,8 @@ impl Worker {
                 }
             }
         }
-        let now = tokio::time::Instant::now();
-        let stopped_at = if shutdown.is_cancelled() {
-            stopped_at.await.unwrap_or(now)
-        } else {
-            now
-        };
-        let grace_left = (stopped_at + worker.settings.shutdown_grace)
+        let grace_left = stop
+            .deadline(worker.settings.shutdown_grace)
             .saturating_duration_since(tokio::time::Instant::now());
         if grace_left.is_zero() {
             // A graceful finish drained until this moment, and said what it left.
@@ -271,6 +258,7 @@ impl Worker {
         slots: &Arc<Semaphore>,
         tracker: &TaskTracker,
         shutdown: &CancellationToken,
+        stop: &StopClock,
         reconnect: &mut broker::Reconnect,
     ) -> anyhow::Result<()> {
         // A stop while connecting (a declaration waiting on a broker cut off) drops what is
@@ -285,7 +273,7 @@ impl Worker {
         tracing::info!(queue = %s.topology.queue, concurrency = s.concurrency, prefetch = s.prefetch, "consuming");
         self.dispatch(&mut session, slots, tracker, shutdown)
             .await?;
-        self.finish(session, slots, tracker).await;
+        self.finish(session, slots, tracker, stop).await;
         Ok(())
     }
 
@@ -392,8 +380,9 @@ impl Worker {
         mut session: BrokerSession,
         slots: &Arc<Semaphore>,
         tracker: &TaskTracker,
+        stop: &StopClock,
     ) {
-        let deadline = tokio::time::Instant::now() + self.settings.shutdown_grace;
+        let deadline = stop.deadline(self.settings.shutdown_grace);
         let cancel = session
             .channel
             .basic_cancel(session.consumer.tag(), BasicCancelOptions::default());
@@ -531,6 +520,29 @@ fn log_session_end(ended: broker::Ended, e: &anyhow::Error, wait: Duration) {
 }
 
 /// Waits up to `grace` for the deliveries in flight; those left are redelivered by the broker.
+/// When the shutdown came, fixed once: the deliveries in flight get one grace from then,
+/// however the session ended, and a graceful finish and the stop after it drain until the same
+/// moment.
+struct StopClock(Arc<std::sync::OnceLock<tokio::time::Instant>>);
+
+impl StopClock {
+    /// Notes the moment `shutdown` is cancelled.
+    fn start(shutdown: &CancellationToken) -> StopClock {
+        let at = Arc::new(std::sync::OnceLock::new());
+        let (shutdown, noted) = (shutdown.clone(), at.clone());
+        tokio::spawn(async move {
+            shutdown.cancelled().await;
+            noted.get_or_init(tokio::time::Instant::now);
+        });
+        StopClock(at)
+    }
+
+    /// `grace` after the shutdown (after now, if the clock has not noted it yet).
+    fn deadline(&self, grace: Duration) -> tokio::time::Instant {
+        *self.0.get_or_init(tokio::time::Instant::now) + grace
+    }
+}
+
 async fn drain(tracker: &TaskTracker, grace: Duration) {
     tracker.close();
     if tokio::time::timeout(grace, tracker.wait()).await.is_err() {
