@@ -80,9 +80,7 @@ fn quoted_printable_crlf(input: &[u8]) -> Vec<u8> {
         if was_cr {
             was_cr = false;
             if byte == b'\n' {
-                qp.encode_trailing_blank();
-                qp.out.extend_from_slice(b"\r\n");
-                qp.on_line = 0;
+                qp.line_break();
                 continue;
             }
             qp.append(b"=0D");
@@ -93,9 +91,7 @@ fn quoted_printable_crlf(input: &[u8]) -> Vec<u8> {
         }
         if byte == b'\n' {
             // A bare line feed: [`crlf`] would have put a CR before it.
-            qp.encode_trailing_blank();
-            qp.out.extend_from_slice(b"\r\n");
-            qp.on_line = 0;
+            qp.line_break();
             continue;
         }
         if QP_LINE - qp.on_line >= 3 && !qp_needs_encoding(byte) {
@@ -161,6 +157,13 @@ impl Qp {
         self.out.extend_from_slice(bytes);
         self.on_line += bytes.len();
         self.backup = self.out.len() - bytes.len();
+    }
+
+    /// A hard line break (the text's own), after a blank that would end the line is encoded.
+    fn line_break(&mut self) {
+        self.encode_trailing_blank();
+        self.out.extend_from_slice(b"\r\n");
+        self.on_line = 0;
     }
 
     /// A space or tab may not end an encoded line: the last one is encoded instead.
