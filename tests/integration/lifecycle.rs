@@ -376,9 +376,10 @@ async fn a_relay_stopped_during_a_database_partition_exits() {
     })
     .await;
     proxy.set(Fault::Blackhole);
-    eventually("a statement of the relay held in the partition", || async {
-        (proxy.held_from_clients() > 0).then_some(())
-    })
+    eventually(
+        "a statement of the relay, or its answer, held in the partition",
+        || async { (proxy.held() > 0).then_some(()) },
+    )
     .await;
     terminate_expecting_exit_0(
         &app,
@@ -414,9 +415,10 @@ async fn serve_stopped_with_a_request_held_in_a_database_partition_exits() {
     .await;
     proxy.set(Fault::Blackhole);
     let request = tokio::spawn(reqwest::get(status_url.clone()));
-    eventually("the request's statement held in the partition", || async {
-        (proxy.held_from_clients() > 0).then_some(())
-    })
+    eventually(
+        "the request's statement, or its answer, held in the partition",
+        || async { (proxy.held() > 0).then_some(()) },
+    )
     .await;
     terminate_expecting_exit_0(
         &app,

@@ -34,7 +34,33 @@ pub struct FaultProxy {
     forwarded: Arc<AtomicUsize>,
     pings: Arc<AtomicUsize>,
     carried: Carried,
+    holding: Holding,
     task: tokio::task::JoinHandle<()>,
+}
+
+/// What a partition holds in the proxy itself, beyond the kernel's queues: chunks read and not
+/// yet forwarded, connections waiting to reach the service; and the local ports of the proxy's
+/// connections to the service, whose queues hold the service's answers.
+#[derive(Clone, Default)]
+struct Holding {
+    waiting: Arc<AtomicUsize>,
+    upstream_ports: Arc<Mutex<Vec<u16>>>,
+}
+
+impl Holding {
+    /// Counts one thing held until the guard is dropped.
+    fn hold(&self) -> HoldGuard {
+        self.waiting.fetch_add(1, Ordering::SeqCst);
+        HoldGuard(self.waiting.clone())
+    }
+}
+
+struct HoldGuard(Arc<AtomicUsize>);
+
+impl Drop for HoldGuard {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 /// The bytes of every direction of every connection, each in order (up to [`CARRIED_CAP`]).
@@ -66,11 +92,13 @@ impl FaultProxy {
         let forwarded = Arc::new(AtomicUsize::new(0));
         let pings = Arc::new(AtomicUsize::new(0));
         let carried = Carried::default();
+        let holding = Holding::default();
         let counts = (
             open.clone(),
             forwarded.clone(),
             pings.clone(),
             carried.clone(),
+            holding.clone(),
         );
         let task = tokio::spawn(async move {
             while let Ok((client, _)) = listener.accept().await {
@@ -84,6 +112,7 @@ impl FaultProxy {
             forwarded,
             pings,
             carried,
+            holding,
             task,
         }
     }
@@ -132,20 +161,18 @@ impl FaultProxy {
     /// queues, from `/proc/net/tcp`): during a [`Fault::Blackhole`], more than 0 means a client
     /// has written into the partition (a statement, a frame) and waits for the answer.
     pub fn held_from_clients(&self) -> u64 {
-        let table = std::fs::read_to_string("/proc/net/tcp").unwrap_or_default();
-        let port = format!(":{:04X}", self.port);
-        table
-            .lines()
-            .skip(1)
-            .filter_map(|line| {
-                let fields: Vec<&str> = line.split_whitespace().collect();
-                // local_address, then tx_queue:rx_queue in the fifth column.
-                let local = fields.get(1)?;
-                let (_, rx) = fields.get(4)?.split_once(':')?;
-                let listening = fields.get(3) == Some(&"0A");
-                (local.ends_with(&port) && !listening).then(|| u64::from_str_radix(rx, 16).ok())?
-            })
-            .sum()
+        unread_on(&[self.port])
+    }
+
+    /// Everything a partition holds in flight, either way: bytes the clients sent or the
+    /// service answered that wait unread in the proxy's sockets, chunks the proxy read as the
+    /// fault landed, and connections opened during it (a MySQL client waits for the server's
+    /// greeting and sends nothing). During a [`Fault::Blackhole`], more than 0 means a client
+    /// waits on the partition, whichever step it was at when the fault came.
+    pub fn held(&self) -> u64 {
+        let upstream = self.holding.upstream_ports.lock().unwrap().clone();
+        let waiting = self.holding.waiting.load(Ordering::SeqCst) as u64;
+        self.held_from_clients() + unread_on(&upstream) + waiting
     }
 
     /// `url` with its port replaced by the proxy's.
@@ -155,6 +182,26 @@ impl FaultProxy {
         u.set_port(Some(self.port)).unwrap();
         u.to_string()
     }
+}
+
+/// Bytes waiting unread in the receive queues of the sockets whose local port is one of `ports`
+/// (from `/proc/net/tcp`; listening sockets aside).
+fn unread_on(ports: &[u16]) -> u64 {
+    let table = std::fs::read_to_string("/proc/net/tcp").unwrap_or_default();
+    let ports: Vec<String> = ports.iter().map(|p| format!(":{p:04X}")).collect();
+    table
+        .lines()
+        .skip(1)
+        .filter_map(|line| {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            // local_address, then tx_queue:rx_queue in the fifth column.
+            let local = fields.get(1)?;
+            let (_, rx) = fields.get(4)?.split_once(':')?;
+            let listening = fields.get(3) == Some(&"0A");
+            let ours = ports.iter().any(|p| local.ends_with(p.as_str()));
+            (ours && !listening).then(|| u64::from_str_radix(rx, 16).ok())?
+        })
+        .sum()
 }
 
 impl Drop for FaultProxy {
@@ -168,11 +215,12 @@ async fn connection(
     client: TcpStream,
     target_port: u16,
     mut fault: watch::Receiver<Fault>,
-    (open, forwarded, pings, carried): (
+    (open, forwarded, pings, carried, holding): (
         Arc<AtomicUsize>,
         Arc<AtomicUsize>,
         Arc<AtomicUsize>,
         Carried,
+        Holding,
     ),
 ) {
     let _ = client.set_nodelay(true);
@@ -184,6 +232,7 @@ async fn connection(
             Fault::Blackhole => {}
             Fault::Pass | Fault::Delay(_) => break,
         }
+        let _held = holding.hold();
         if fault.changed().await.is_err() {
             return;
         }
@@ -192,6 +241,9 @@ async fn connection(
         return reset(&client);
     };
     let _ = upstream.set_nodelay(true);
+    if let Ok(local) = upstream.local_addr() {
+        holding.upstream_ports.lock().unwrap().push(local.port());
+    }
     open.fetch_add(1, Ordering::SeqCst);
     forwarded.fetch_add(1, Ordering::SeqCst);
     let (client_r, client_w) = client.into_split();
@@ -202,8 +254,15 @@ async fn connection(
         .unwrap()
         .extend([sent.clone(), received.clone()]);
     tokio::join!(
-        pump(client_r, upstream_w, fault.clone(), Some(pings), sent),
-        pump(upstream_r, client_w, fault, None, received),
+        pump(
+            client_r,
+            upstream_w,
+            fault.clone(),
+            Some(pings),
+            sent,
+            holding.clone()
+        ),
+        pump(upstream_r, client_w, fault, None, received, holding),
     );
     open.fetch_sub(1, Ordering::SeqCst);
 }
@@ -216,6 +275,7 @@ async fn pump(
     mut fault: watch::Receiver<Fault>,
     pings: Option<Arc<AtomicUsize>>,
     carried: Arc<Mutex<Vec<u8>>>,
+    holding: Holding,
 ) {
     let mut buf = vec![0u8; 64 * 1024];
     loop {
@@ -260,6 +320,8 @@ async fn pump(
                     return;
                 }
                 Fault::Blackhole => {
+                    // A chunk read as the fault landed: held here, not in the kernel.
+                    let _held = holding.hold();
                     if fault.changed().await.is_err() {
                         return;
                     }
