@@ -317,7 +317,7 @@ async fn a_relay_stopped_while_its_batch_is_stuck_exits_within_its_patience() {
     eventually(
         "the row published, its batch held before the mark",
         || async {
-            let paused = app.process_log("relay.log").contains("failpoint: pausing");
+            let paused = app.paused_at_failpoint("relay.log");
             (paused && app.ready_messages().await == 1).then_some(())
         },
     )
@@ -443,9 +443,7 @@ async fn a_delivery_held_past_the_grace_holds_the_stop_for_one_grace_only() {
     let mut worker = app.spawn_worker_process(&["--shutdown-grace", &grace_flag], &held);
     app.publish(&app.job("held")).await;
     eventually("the delivery held after its claim", || async {
-        app.process_log("worker.log")
-            .contains("failpoint: pausing")
-            .then_some(())
+        app.paused_at_failpoint("worker.log").then_some(())
     })
     .await;
     let sigterm = std::time::Instant::now();
@@ -515,9 +513,7 @@ async fn the_job_a_worker_cut_off_from_rabbitmq_held_is_sent_by_another_within_i
     let mut cut_off = app.spawn_worker_process(&["--amqp-url", &url], &held);
     app.publish(&app.job("held")).await;
     eventually("the delivery held before its claim", || async {
-        app.process_log("worker.log")
-            .contains("failpoint: pausing")
-            .then_some(())
+        app.paused_at_failpoint("worker.log").then_some(())
     })
     .await;
     proxy.set(Fault::Blackhole);

@@ -26,7 +26,7 @@ async fn a_letter_is_never_lost_when_the_ingesting_worker_is_killed_between_inse
     eventually(
         "the row committed, its letter delivered and not acked",
         || async {
-            let paused = app.process_log("worker.log").contains("failpoint: pausing");
+            let paused = app.paused_at_failpoint("worker.log");
             (paused && rows(&app).await == 1 && app.dead_queue_length().await == 0).then_some(())
         },
     )
@@ -92,7 +92,7 @@ async fn a_worker_stops_on_sigterm_while_its_ingester_is_stuck() {
     let failpoint = [("MAILROOM_FAILPOINTS", "dlq.after_insert=pause")];
     let mut worker = app.spawn_worker_process(&[], &failpoint);
     eventually("the row committed and the ingester stuck", || async {
-        let paused = app.process_log("worker.log").contains("failpoint: pausing");
+        let paused = app.paused_at_failpoint("worker.log");
         (paused && rows(&app).await == 1).then_some(())
     })
     .await;

@@ -333,6 +333,11 @@ impl TestApp {
     pub fn process_log(&self, name: &str) -> String {
         std::fs::read_to_string(self.dir.path().join(name)).unwrap_or_default()
     }
+
+    /// Whether the process logging to `name` is parked at a failpoint armed `pause`.
+    pub fn paused_at_failpoint(&self, name: &str) -> bool {
+        self.process_log(name).contains("failpoint: pausing")
+    }
 }
 
 /// Sends SIGTERM to a child process.
