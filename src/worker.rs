@@ -364,12 +364,12 @@ impl Worker {
         let worker = self.clone();
         let link = link.clone();
         let span = process::delivery_span(&delivery);
-        tracker.spawn(
-            async move {
-                worker.handle(&link, delivery, permit).await;
-            }
-            .instrument(span),
-        );
+        // Boxed: a task keeps its future in its own cell, which tokio copies whole when the
+        // task is created and again when it finishes; a delivery's future is kilobytes.
+        let handling = Box::pin(async move {
+            worker.handle(&link, delivery, permit).await;
+        });
+        tracker.spawn(handling.instrument(span));
     }
 
     /// After a shutdown: stops consuming, takes the deliveries the broker sent before it heard

@@ -140,7 +140,7 @@ impl Ledger {
     /// Claims `(job_id, kind)`; the answer comes after the claim is committed.
     pub async fn claim(&self, req: &ClaimRequest<'_>) -> Result<Claim, LedgerError> {
         let Some(queue) = self.queue.as_ref().filter(|_| !req.replay) else {
-            return self.db.claim(req).await.map_err(Arc::new);
+            return self.claim_alone(req).await;
         };
         let (reply, answer) = oneshot::channel();
         let op = Op::Claim {
@@ -162,7 +162,7 @@ impl Ledger {
                 Err(_) => Err(Arc::new(writer_gone())),
             },
             // The writer is gone (runtime shutting down): write alone.
-            Err(_) => self.db.claim(req).await.map_err(Arc::new),
+            Err(_) => self.claim_alone(req).await,
         }
     }
 
@@ -200,13 +200,20 @@ impl Ledger {
     }
 
     /// Records on its own, outside any group.
+    /// A claim in its own statements (a replay, or no writer). Boxed, like
+    /// [`Ledger::record_alone`]: a statement's future is some 18 KB, and an `async fn` is as
+    /// large as its largest path, so inline it would grow every delivery's task, which is
+    /// copied whole each time one is spawned, however rarely the path runs.
+    async fn claim_alone(&self, req: &ClaimRequest<'_>) -> Result<Claim, LedgerError> {
+        Box::pin(self.db.claim(req)).await.map_err(Arc::new)
+    }
+
     async fn record_alone(
         &self,
         record: &Record<'_>,
         revision: Option<&str>,
     ) -> Result<bool, LedgerError> {
-        self.db
-            .record_with_revision(record, revision)
+        Box::pin(self.db.record_with_revision(record, revision))
             .await
             .map_err(Arc::new)
     }
