@@ -20,6 +20,7 @@
 
 mod build;
 mod error;
+pub mod file;
 mod helpers;
 mod lint;
 mod live;

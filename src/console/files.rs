@@ -11,6 +11,8 @@ use std::path::{Path, PathBuf};
 
 use sha2::{Digest, Sha256};
 
+use crate::render::file;
+
 /// The editable parts, in the order the editor shows them.
 pub(super) const PARTS: [&str; 3] = ["subject", "html", "text"];
 
@@ -122,7 +124,7 @@ pub(super) fn effective(dir: &Path, kind: &str, locale: &str) -> io::Result<Part
     let folder = dir.join(kind);
     let read = |part: &str| -> io::Result<String> {
         for file in [part_file(part, locale), part_file(part, "")] {
-            match fs::read_to_string(folder.join(file)) {
+            match file::read_to_string(&folder.join(file)) {
                 Ok(text) => return Ok(text),
                 Err(e) if e.kind() == io::ErrorKind::NotFound => {}
                 Err(e) => return Err(e),
@@ -180,7 +182,8 @@ pub(super) fn write_atomic(path: &Path, bytes: &[u8]) -> io::Result<()> {
     File::open(dir)?.sync_all()
 }
 
-/// A hash of every visible file under `dir` (paths and bytes): changes when any file does.
+/// A hash of every visible file under `dir` (paths and bytes, or what [`file::identity`] takes
+/// of a file the loader would not read): changes when any file does.
 pub(super) fn fingerprint(dir: &Path) -> String {
     let mut files = Vec::new();
     walk(dir, &mut files);
@@ -188,7 +191,7 @@ pub(super) fn fingerprint(dir: &Path) -> String {
     let mut hasher = Sha256::new();
     for path in files {
         hasher.update(path.to_string_lossy().as_bytes());
-        hasher.update(fs::read(&path).unwrap_or_default());
+        hasher.update(file::identity(&path).unwrap_or_default());
     }
     hex::encode(&hasher.finalize()[..8])
 }
@@ -212,7 +215,10 @@ pub(super) fn copy_tree(from: &Path, to: &Path) -> io::Result<()> {
         if source.is_dir() {
             copy_tree(&source, &target)?;
         } else {
-            fs::copy(&source, &target)?;
+            // Read as the loader reads: a FIFO or a device here fails the copy, never blocks it.
+            let bytes = file::read(&source)
+                .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", source.display())))?;
+            fs::write(&target, bytes)?;
         }
     }
     Ok(())
@@ -275,5 +281,25 @@ mod tests {
             text: String::new(),
         };
         assert_ne!(a.hash(), b.hash());
+    }
+
+    #[test]
+    fn a_fifo_in_the_directory_fails_a_draft_copy_and_changes_the_fingerprint_unread() {
+        let dir = tempfile::tempdir().unwrap();
+        fs::create_dir_all(dir.path().join("k")).unwrap();
+        fs::write(dir.path().join("k/subject.hbs"), "Hi\n").unwrap();
+        let before = fingerprint(dir.path());
+        let fifo = dir.path().join("k/html.hbs");
+        let made = std::process::Command::new("mkfifo").arg(&fifo).status();
+        assert!(made.unwrap().success());
+        // Each of these read the FIFO and waited for a writer forever.
+        assert_ne!(fingerprint(dir.path()), before);
+        let e = copy_tree(dir.path(), &dir.path().join("copy")).unwrap_err();
+        assert!(
+            e.to_string().contains("html.hbs: not a regular file"),
+            "{e}"
+        );
+        let e = effective(dir.path(), "k", "").unwrap_err();
+        assert!(e.to_string().contains("not a regular file"), "{e}");
     }
 }

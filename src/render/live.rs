@@ -20,7 +20,7 @@ use std::time::Duration;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
-use super::Templates;
+use super::{Templates, file};
 
 /// The template set in use, and the directory it is reloaded from.
 #[derive(Debug)]
@@ -153,7 +153,9 @@ impl LiveTemplates {
     }
 }
 
-/// A hash of every visible file under `dir` (path and content), following symlinks.
+/// A hash of every visible file under `dir` (path and content), following symlinks. A file the
+/// loader would refuse unread (a FIFO, a device, one too large: [`file`]) counts by its kind,
+/// size and time instead: its change is seen, and it never blocks nor fills the check.
 fn fingerprint(dir: &Path) -> std::io::Result<u64> {
     let mut files = Vec::new();
     collect(dir, dir, &mut files)?;
@@ -161,7 +163,7 @@ fn fingerprint(dir: &Path) -> std::io::Result<u64> {
     let mut hasher = DefaultHasher::new();
     for (rel, path) in files {
         rel.hash(&mut hasher);
-        std::fs::read(&path)?.hash(&mut hasher);
+        file::identity(&path)?.hash(&mut hasher);
     }
     Ok(hasher.finish())
 }

@@ -234,7 +234,7 @@ fn entries(dir: &Path) -> Result<Vec<(String, PathBuf)>, TemplateError> {
 }
 
 fn read(rel: String, path: PathBuf) -> Result<Source, TemplateError> {
-    match fs::read_to_string(&path) {
+    match super::file::read_to_string(&path) {
         Ok(text) => Ok(Source { rel, path, text }),
         Err(error) => Err(TemplateError::Io { path, error }),
     }

@@ -69,3 +69,31 @@ fn a_configmap_symlink_swap_is_picked_up() {
     assert!(set.check(false));
     assert_eq!(subject(&set), "Version 2 for Ada");
 }
+
+fn mkfifo(path: &std::path::Path) {
+    let made = std::process::Command::new("mkfifo").arg(path).status();
+    assert!(made.unwrap().success(), "mkfifo {}", path.display());
+}
+
+#[test]
+fn a_fifo_in_the_directory_neither_blocks_a_reload_nor_hides_the_next_edit() {
+    // A FIFO with no writer blocks a plain read forever: with one, the check never returned and
+    // every later edit went unseen (and the process's exit waited on the check's thread).
+    let dir = fixture(&MINIMAL);
+    let set = live(dir.path());
+    mkfifo(&dir.path().join("k/notes"));
+    assert!(!set.check(false), "a file the loader skips changes nothing");
+    fs::write(dir.path().join("k/subject.hbs"), "Hi {{name}}\n").unwrap();
+    assert!(set.check(false), "the next edit is seen");
+    assert_eq!(subject(&set), "Hi Ada");
+
+    mkfifo(&dir.path().join("k/html.fr.hbs"));
+    assert!(!set.check(false), "a FIFO as a template is refused");
+    assert_eq!(set.reloads_failed.load(Ordering::Relaxed), 1);
+    assert_eq!(subject(&set), "Hi Ada", "the last good set stays");
+    let e = Templates::load(dir.path()).unwrap_err().to_string();
+    assert!(
+        e.contains("html.fr.hbs") && e.contains("not a regular file"),
+        "{e}"
+    );
+}
