@@ -28,13 +28,14 @@
 //! letter's row committed, its ack not sent: [`crate::dlq::ingest`]), `dlq.in_ack` (the same
 //! inside the ack's time bound: held, it is an ack lapin never resolves),
 //! `broker.migrate_mid_drain` (a moved letter's copy confirmed, the original not acked:
-//! [`crate::broker::migrate`]; armed per letter by message id).
+//! [`crate::broker::migrate`]; armed per letter by message id), `templates.check` (a check of
+//! the template directory for edits, on its blocking thread: [`hit_blocking`]).
 
 /// The environment variable that arms failpoints.
 pub const ENV: &str = "MAILROOM_FAILPOINTS";
 
 #[cfg(feature = "failpoints")]
-pub use armed::{hit, hit_job};
+pub use armed::{hit, hit_blocking, hit_job};
 
 /// Runs nothing: this build has no failpoints.
 #[cfg(not(feature = "failpoints"))]
@@ -45,6 +46,11 @@ pub async fn hit(_name: &str) {}
 #[cfg(not(feature = "failpoints"))]
 #[inline(always)]
 pub async fn hit_job(_name: &str, _job_id: &str) {}
+
+/// Runs nothing: this build has no failpoints.
+#[cfg(not(feature = "failpoints"))]
+#[inline(always)]
+pub fn hit_blocking(_name: &str) {}
 
 /// Says once, at startup, that `MAILROOM_FAILPOINTS` is set in a build that ignores it.
 pub fn warn_if_ignored() {
@@ -128,29 +134,64 @@ mod armed {
             .collect()
     }
 
-    /// Runs the action armed for `name`, if any.
-    pub async fn hit(name: &str) {
+    /// What a hit leaves to wait for, once it is logged (an abort never returns).
+    enum Wait {
+        Nothing,
+        Forever,
+        For(Duration),
+        Until(&'static std::path::Path),
+    }
+
+    fn begin(name: &str) -> Wait {
         match armed().get(name) {
-            None => {}
+            None => Wait::Nothing,
             Some(Action::Abort) => {
                 tracing::error!(failpoint = name, "failpoint: aborting the process");
                 std::process::abort();
             }
             Some(Action::Pause) => {
                 tracing::warn!(failpoint = name, "failpoint: pausing this delivery forever");
-                std::future::pending::<()>().await;
+                Wait::Forever
             }
             Some(Action::Delay { wait, once, spent }) => {
                 if *once && spent.swap(true, Ordering::SeqCst) {
-                    return;
+                    return Wait::Nothing;
                 }
                 tracing::warn!(failpoint = name, ?wait, "failpoint: delaying this delivery");
-                tokio::time::sleep(*wait).await;
+                Wait::For(*wait)
             }
             Some(Action::Until(path)) => {
                 tracing::warn!(failpoint = name, path = %path.display(), "failpoint: holding this delivery until the file exists");
+                Wait::Until(path)
+            }
+        }
+    }
+
+    /// Runs the action armed for `name`, if any.
+    pub async fn hit(name: &str) {
+        match begin(name) {
+            Wait::Nothing => {}
+            Wait::Forever => std::future::pending::<()>().await,
+            Wait::For(wait) => tokio::time::sleep(wait).await,
+            Wait::Until(path) => {
                 while !path.exists() {
                     tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+            }
+        }
+    }
+
+    /// [`hit`] on a thread of blocking work (`spawn_blocking`): `pause` parks the thread.
+    pub fn hit_blocking(name: &str) {
+        match begin(name) {
+            Wait::Nothing => {}
+            Wait::Forever => loop {
+                std::thread::park();
+            },
+            Wait::For(wait) => std::thread::sleep(wait),
+            Wait::Until(path) => {
+                while !path.exists() {
+                    std::thread::sleep(Duration::from_millis(20));
                 }
             }
         }

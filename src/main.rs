@@ -22,8 +22,22 @@ fn main() -> std::process::ExitCode {
             return std::process::ExitCode::FAILURE;
         }
     };
-    runtime.block_on(run(cli))
+    let code = runtime.block_on(run(cli));
+    // Every command's own stop is bounded before this. Blocking work still running (a
+    // template check on a hung mount, a DNS lookup against a silent resolver) must not hold
+    // the exit after it: dropping the runtime would wait for it without end.
+    let stopping = std::time::Instant::now();
+    runtime.shutdown_timeout(BLOCKING_PATIENCE);
+    if stopping.elapsed() >= BLOCKING_PATIENCE {
+        tracing::warn!(
+            "blocking work (a template check, a DNS lookup, a DKIM signature) did not end within {BLOCKING_PATIENCE:?} of the stop; exiting without it"
+        );
+    }
+    code
 }
+
+/// How long an exit waits for blocking work that outlived the command.
+const BLOCKING_PATIENCE: std::time::Duration = std::time::Duration::from_secs(2);
 
 async fn run(cli: mailroom::cli::Cli) -> std::process::ExitCode {
     mailroom::telemetry::init(cli.log_format);

@@ -101,6 +101,7 @@ impl LiveTemplates {
     /// Reloads when the fingerprint changed (or `forced`); returns whether a new set is in use.
     pub fn check(&self, forced: bool) -> bool {
         let Some(dir) = &self.dir else { return false };
+        crate::failpoint::hit_blocking("templates.check");
         let print = match fingerprint(dir) {
             Ok(p) => p,
             Err(e) => {

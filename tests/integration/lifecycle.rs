@@ -500,6 +500,38 @@ async fn a_worker_whose_stop_is_held_exits_within_its_bound() {
     assert!(log.contains(&said), "{log}");
 }
 
+/// Blocking work that outlives a stop (here a check of the template directory, parked on its
+/// thread as on a hung mount) does not hold the exit: the process gives it 2 s and says so.
+/// Dropping the runtime waited for it without end.
+#[tokio::test]
+async fn a_worker_whose_template_check_hangs_still_sends_and_exits() {
+    let app = TestApp::spawn().await;
+    let held = [("MAILROOM_FAILPOINTS", "templates.check=pause")];
+    let args = ["--template-reload-interval", "100ms"];
+    let mut worker = app.spawn_worker_process(&args, &held);
+    eventually("the template check parked on its thread", || async {
+        app.paused_at_failpoint("worker.log").then_some(())
+    })
+    .await;
+    app.publish(&app.job("sent-meanwhile")).await;
+    eventually("the job sent while the check hangs", || async {
+        (app.count_status("sent").await == 1).then_some(())
+    })
+    .await;
+    terminate_expecting_exit_0(
+        &app,
+        &mut worker,
+        "worker.log",
+        "the worker exits though its template check never ends",
+    )
+    .await;
+    let log = app.process_log("worker.log");
+    assert!(
+        log.contains("did not end within 2s of the stop; exiting without it"),
+        "{log}"
+    );
+}
+
 /// A worker cut off from RabbitMQ without anything being closed (a partition: nothing is reset,
 /// nothing arrives) holds the deliveries it took only until the broker misses two of its
 /// heartbeats. mailroom asks for a 10 s heartbeat, so another worker sends the job about 20 s
