@@ -199,15 +199,15 @@ impl Ledger {
         }
     }
 
-    /// Records on its own, outside any group.
-    /// A claim in its own statements (a replay, or no writer). Boxed, like
-    /// [`Ledger::record_alone`]: a statement's future is some 18 KB, and an `async fn` is as
+    /// A claim in its own statements (a replay, or no writer). Boxed, as is
+    /// [`Ledger::record_alone`]'s: a statement's future is some 18 KB, and an `async fn` is as
     /// large as its largest path, so inline it would grow every delivery's task, which is
     /// copied whole each time one is spawned, however rarely the path runs.
     async fn claim_alone(&self, req: &ClaimRequest<'_>) -> Result<Claim, LedgerError> {
         Box::pin(self.db.claim(req)).await.map_err(Arc::new)
     }
 
+    /// Records on its own, outside any group.
     async fn record_alone(
         &self,
         record: &Record<'_>,

@@ -296,8 +296,7 @@ async fn a_worker_stopped_during_a_database_partition_exits() {
     .await;
     proxy.set(Fault::Blackhole);
     let expected = "the worker exits though its database does not answer";
-    terminate_expecting_exit_0(&app, &mut worker, "worker.log", expected).await;
-    let log = app.process_log("worker.log");
+    let log = terminate_expecting_exit_0(&app, &mut worker, "worker.log", expected).await;
     assert!(
         log.contains("the last heartbeat was not written within"),
         "{log}"
@@ -322,14 +321,13 @@ async fn a_relay_stopped_while_its_batch_is_stuck_exits_within_its_patience() {
         },
     )
     .await;
-    terminate_expecting_exit_0(
+    let log = terminate_expecting_exit_0(
         &app,
         &mut relay,
         "relay.log",
         "the relay exits though its batch never returns",
     )
     .await;
-    let log = app.process_log("relay.log");
     let said = format!(
         "the relay did not stop within {:?}",
         mailroom::relay::STOP_PATIENCE
@@ -447,7 +445,7 @@ async fn a_delivery_held_past_the_grace_holds_the_stop_for_one_grace_only() {
     })
     .await;
     let sigterm = std::time::Instant::now();
-    terminate_expecting_exit_0(
+    let log = terminate_expecting_exit_0(
         &app,
         &mut worker,
         "worker.log",
@@ -455,7 +453,6 @@ async fn a_delivery_held_past_the_grace_holds_the_stop_for_one_grace_only() {
     )
     .await;
     let took = sigterm.elapsed();
-    let log = app.process_log("worker.log");
     assert!(
         took >= grace,
         "stopped after {took:?}, before its grace\n{log}"
@@ -484,14 +481,13 @@ async fn a_worker_whose_stop_is_held_exits_within_its_bound() {
         (app.count_status("sent").await == 1).then_some(())
     })
     .await;
-    terminate_expecting_exit_0(
+    let log = terminate_expecting_exit_0(
         &app,
         &mut worker,
         "worker.log",
         "the worker exits though its stop is held",
     )
     .await;
-    let log = app.process_log("worker.log");
     assert!(log.contains("failpoint: pausing"), "{log}");
     let said = format!(
         "the worker did not stop within {:?}",
@@ -518,14 +514,13 @@ async fn a_worker_whose_template_check_hangs_still_sends_and_exits() {
         (app.count_status("sent").await == 1).then_some(())
     })
     .await;
-    terminate_expecting_exit_0(
+    let log = terminate_expecting_exit_0(
         &app,
         &mut worker,
         "worker.log",
         "the worker exits though its template check never ends",
     )
     .await;
-    let log = app.process_log("worker.log");
     assert!(
         log.contains("did not end within 2s of the stop; exiting without it"),
         "{log}"

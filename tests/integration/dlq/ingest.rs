@@ -96,14 +96,13 @@ async fn a_worker_stops_on_sigterm_while_its_ingester_is_stuck() {
         (paused && rows(&app).await == 1).then_some(())
     })
     .await;
-    terminate_expecting_exit_0(
+    let log = terminate_expecting_exit_0(
         &app,
         &mut worker,
         "worker.log",
         "the worker exits though its ingester never returns",
     )
     .await;
-    let log = app.process_log("worker.log");
     let said = format!(
         "dead-letter ingest did not stop within {:?}",
         mailroom::dlq::ingest::STOP_PATIENCE

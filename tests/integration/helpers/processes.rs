@@ -311,13 +311,13 @@ fn with_overrides(mut args: Vec<String>, extra: &[&str]) -> Vec<String> {
 
 /// Sends SIGTERM to `child` and waits up to [`PATIENCE`] for it to exit 0; `expected` says
 /// why it must, and a test that waits in vain shows the process's `log` (a file in the test's
-/// directory).
+/// directory). Returns that log, as the process left it.
 pub async fn terminate_expecting_exit_0(
     app: &TestApp,
     child: &mut Child,
     log: &str,
     expected: &str,
-) {
+) -> String {
     terminate(child).await;
     let Ok(status) = tokio::time::timeout(PATIENCE, child.wait()).await else {
         let log = app.process_log(log);
@@ -325,6 +325,7 @@ pub async fn terminate_expecting_exit_0(
     };
     let status = status.unwrap();
     assert_eq!(status.code(), Some(0), "{expected}");
+    app.process_log(log)
 }
 
 impl TestApp {
