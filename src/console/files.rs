@@ -186,7 +186,7 @@ pub(super) fn write_atomic(path: &Path, bytes: &[u8]) -> io::Result<()> {
 /// of a file the loader would not read): changes when any file does.
 pub(super) fn fingerprint(dir: &Path) -> String {
     let mut files = Vec::new();
-    walk(dir, &mut files);
+    walk(dir, true, &mut files);
     files.sort();
     let mut hasher = Sha256::new();
     for path in files {
@@ -196,24 +196,36 @@ pub(super) fn fingerprint(dir: &Path) -> String {
     hex::encode(&hasher.finalize()[..8])
 }
 
-fn walk(dir: &Path, out: &mut Vec<PathBuf>) {
+/// As the reload's fingerprint walks (`render/live.rs`): the top's folders are entered, a
+/// deeper one counts by its path alone, so a symlink loop cannot make the walk endless.
+fn walk(dir: &Path, descend: bool, out: &mut Vec<PathBuf>) {
     for name in names(dir) {
         let path = dir.join(name);
-        if path.is_dir() {
-            walk(&path, out);
+        if descend && path.is_dir() {
+            walk(&path, false, out);
         } else {
             out.push(path);
         }
     }
 }
 
-/// Copies the visible files of `from` into `to` (a scratch copy for a draft).
+/// Copies the visible files of `from` into `to` (a scratch copy for a draft): the top's
+/// folders with their files; a deeper folder (the loader's error) is copied empty, never
+/// followed.
 pub(super) fn copy_tree(from: &Path, to: &Path) -> io::Result<()> {
+    copy_level(from, to, true)
+}
+
+fn copy_level(from: &Path, to: &Path, descend: bool) -> io::Result<()> {
     fs::create_dir_all(to)?;
     for name in names(from) {
         let (source, target) = (from.join(&name), to.join(&name));
         if source.is_dir() {
-            copy_tree(&source, &target)?;
+            if descend {
+                copy_level(&source, &target, false)?;
+            } else {
+                fs::create_dir_all(&target)?;
+            }
         } else {
             // Read as the loader reads: a FIFO or a device here fails the copy, never blocks it.
             let bytes = file::read(&source)
@@ -301,5 +313,22 @@ mod tests {
         );
         let e = effective(dir.path(), "k", "").unwrap_err();
         assert!(e.to_string().contains("not a regular file"), "{e}");
+    }
+
+    #[test]
+    fn symlink_loops_end_the_walk_and_the_copy() {
+        let dir = tempfile::tempdir().unwrap();
+        fs::create_dir_all(dir.path().join("k")).unwrap();
+        fs::write(dir.path().join("k/subject.hbs"), "Hi\n").unwrap();
+        let before = fingerprint(dir.path());
+        std::os::unix::fs::symlink(".", dir.path().join("k/a")).unwrap();
+        std::os::unix::fs::symlink(".", dir.path().join("k/b")).unwrap();
+        // Followed, each of these went 2^41 folders deep.
+        assert_ne!(fingerprint(dir.path()), before);
+        let scratch = tempfile::tempdir().unwrap();
+        let copy = scratch.path().join("copy");
+        copy_tree(dir.path(), &copy).unwrap();
+        assert!(copy.join("k/subject.hbs").is_file());
+        assert!(copy.join("k/a").is_dir() && names(&copy.join("k/a")).is_empty());
     }
 }

@@ -159,7 +159,7 @@ impl LiveTemplates {
 /// size and time instead: its change is seen, and it never blocks nor fills the check.
 fn fingerprint(dir: &Path) -> std::io::Result<u64> {
     let mut files = Vec::new();
-    collect(dir, dir, &mut files)?;
+    collect(dir, dir, true, &mut files)?;
     files.sort();
     let mut hasher = DefaultHasher::new();
     for (rel, path) in files {
@@ -169,7 +169,15 @@ fn fingerprint(dir: &Path) -> std::io::Result<u64> {
     Ok(hasher.finish())
 }
 
-fn collect(root: &Path, dir: &Path, out: &mut Vec<(String, PathBuf)>) -> std::io::Result<()> {
+/// The visible entries of `dir`, and of its folders when `descend` (the top's: kind folders,
+/// `layouts/`, `partials/`). A deeper folder is the loader's error and counts by its path alone:
+/// followed, a symlink loop there made the walk endless.
+fn collect(
+    root: &Path,
+    dir: &Path,
+    descend: bool,
+    out: &mut Vec<(String, PathBuf)>,
+) -> std::io::Result<()> {
     for entry in std::fs::read_dir(dir)? {
         let entry = entry?;
         let name = entry.file_name().to_string_lossy().into_owned();
@@ -178,8 +186,8 @@ fn collect(root: &Path, dir: &Path, out: &mut Vec<(String, PathBuf)>) -> std::io
             continue;
         }
         let path = entry.path();
-        if path.is_dir() {
-            collect(root, &path, out)?;
+        if descend && path.is_dir() {
+            collect(root, &path, false, out)?;
         } else {
             let rel = path.strip_prefix(root).unwrap_or(&path);
             out.push((rel.to_string_lossy().into_owned(), path));

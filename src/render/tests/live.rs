@@ -97,3 +97,19 @@ fn a_fifo_in_the_directory_neither_blocks_a_reload_nor_hides_the_next_edit() {
         "{e}"
     );
 }
+
+#[test]
+fn symlink_loops_in_the_directory_neither_stall_a_reload_nor_hide_the_next_edit() {
+    // Two links back to their own folder: followed, the walk was 2^41 folders long.
+    let dir = fixture(&MINIMAL);
+    let set = live(dir.path());
+    symlink(".", dir.path().join("k/a")).unwrap();
+    symlink(".", dir.path().join("k/b")).unwrap();
+    assert!(!set.check(false), "sub-folders are the loader's error");
+    assert_eq!(set.reloads_failed.load(Ordering::Relaxed), 1);
+    fs::remove_file(dir.path().join("k/a")).unwrap();
+    fs::remove_file(dir.path().join("k/b")).unwrap();
+    fs::write(dir.path().join("k/subject.hbs"), "Hi {{name}}\n").unwrap();
+    assert!(set.check(false), "the next edit is seen");
+    assert_eq!(subject(&set), "Hi Ada");
+}
