@@ -18,7 +18,7 @@ mod session;
 mod tests;
 mod tls;
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use lettre::{
@@ -133,7 +133,7 @@ pub enum BuildError {
 }
 
 enum Transport {
-    Smtp(pool::Pool),
+    Smtp(Box<pool::Pool>),
     File(AsyncFileTransport<Tokio1Executor>),
 }
 
@@ -160,10 +160,10 @@ pub struct MailerSettings {
 /// reserved_ahead` deliveries hold one, so a delivery that claimed its job and then waits for a
 /// connection has at most `max_connections - 1` others ahead of it (the semaphore is fair), and
 /// gets a connection before every send in progress has ended: within one whole-send timeout.
-#[derive(Debug)]
 pub struct Reservation<'a> {
     place: SemaphorePermit<'a>,
-    connections: &'a Semaphore,
+    connections: &'a Arc<Semaphore>,
+    pool: Option<&'a pool::Pool>,
     deeper: bool,
 }
 
@@ -173,34 +173,81 @@ impl<'a> Reservation<'a> {
         self.deeper
     }
 
-    /// Waits for a free connection, at most `within`; `None` if none came free in time (the
-    /// reservation is then given up) or the mailer is closed.
-    pub async fn session(self, within: Duration) -> Option<Session<'a>> {
-        let permit = tokio::time::timeout(within, self.connections.acquire())
+    /// Waits for a free connection for `message`, at most `within`; `None` if none came free
+    /// in time (the reservation is then given up) or the mailer is closed. While it waits, a
+    /// send in progress may take `message`'s commands along and hand its connection over
+    /// ([`pool`]).
+    pub async fn session(self, message: &Outgoing, within: Duration) -> Option<Session<'a>> {
+        tokio::time::timeout(within, self.take(Some(message)))
             .await
             .ok()?
-            .ok()?;
+    }
+
+    /// Waits for a free connection, or (with a `message`) for one handed over with its
+    /// commands on it.
+    async fn take(self, message: Option<&Outgoing>) -> Option<Session<'a>> {
+        let held = match (self.connections.clone().try_acquire_owned(), message) {
+            (Ok(permit), _) => pool::Held::permit(permit),
+            (Err(tokio::sync::TryAcquireError::Closed), _) => return None,
+            (Err(_), Some(message)) => self.wait(message).await?,
+            (Err(_), None) => {
+                let permit = self.connections.clone().acquire_owned().await.ok()?;
+                pool::Held::permit(permit)
+            }
+        };
         Some(Session {
             _place: self.place,
-            _permit: permit,
+            held: Mutex::new(held),
         })
     }
 
-    async fn session_unbounded(self) -> Option<Session<'a>> {
-        let permit = self.connections.acquire().await.ok()?;
-        Some(Session {
-            _place: self.place,
-            _permit: permit,
-        })
+    /// Waits for a permit, or for a connection handed over with `message`'s commands on it.
+    async fn wait(&self, message: &Outgoing) -> Option<pool::Held> {
+        let acquire = self.connections.clone().acquire_owned();
+        let Some(pool) = self.pool else {
+            return acquire.await.ok().map(pool::Held::permit);
+        };
+        let (ticket, mut handed) = pool.wait(message);
+        tokio::pin!(acquire);
+        tokio::select! {
+            handoff = &mut handed => {
+                if let Ok(handoff) = handoff {
+                    return Some(pool::Held::handed(handoff));
+                }
+            }
+            permit = &mut acquire => {
+                let permit = permit.ok()?;
+                if ticket.withdraw() {
+                    return Some(pool::Held::permit(permit));
+                }
+                // A send took this message along: its connection comes with its permit.
+                drop(permit);
+                if let Ok(handoff) = handed.await {
+                    return Some(pool::Held::handed(handoff));
+                }
+                let permit = self.connections.clone().acquire_owned().await.ok()?;
+                return Some(pool::Held::permit(permit));
+            }
+        }
+        // The send that took this message along failed: wait for a connection of its own.
+        acquire.await.ok().map(pool::Held::permit)
     }
 }
 
 /// The right to one SMTP session: a permit of the cap on open connections, held until the send
-/// returns, with the reservation it was taken through.
-#[derive(Debug)]
+/// returns (or handed on with its connection to a waiting send), with the reservation it was
+/// taken through.
 pub struct Session<'a> {
     _place: SemaphorePermit<'a>,
-    _permit: SemaphorePermit<'a>,
+    held: Mutex<pool::Held>,
+}
+
+impl Session<'_> {
+    /// Whether this session's connection was handed over by the send before it, with this
+    /// session's MAIL, RCPT and DATA already written behind that send's final dot.
+    pub fn rode_along(&self) -> bool {
+        self.held.lock().unwrap().is_handed()
+    }
 }
 
 /// Builds and sends emails.
@@ -209,7 +256,7 @@ pub struct Mailer {
     from: Mailbox,
     message_id_domain: String,
     timeout: Duration,
-    permits: Semaphore,
+    permits: Arc<Semaphore>,
     reservations: Semaphore,
     deeper: Option<line::DeeperLine>,
     dkim: Option<Arc<dkim::Dkim>>,
@@ -229,7 +276,7 @@ impl Mailer {
             _ => {
                 let endpoint = Endpoint::parse(s.url.url())
                     .map_err(|e| anyhow::anyhow!("SMTP_URL {}: {e}", s.url))?;
-                Transport::Smtp(pool::Pool::new(endpoint))
+                Transport::Smtp(Box::new(pool::Pool::new(endpoint)))
             }
         };
         let dkim = s
@@ -247,7 +294,7 @@ impl Mailer {
             from: s.from.clone(),
             message_id_domain: s.message_id_domain.clone(),
             timeout: s.timeout,
-            permits: Semaphore::new(s.max_connections as usize),
+            permits: Arc::new(Semaphore::new(s.max_connections as usize)),
             reservations: Semaphore::new(
                 (s.max_connections + s.reserved_ahead.min(s.max_connections)) as usize,
             ),
@@ -290,9 +337,14 @@ impl Mailer {
             Some(deeper) => deeper.place(&self.reservations).await?,
             None => (self.reservations.acquire().await.ok()?, false),
         };
+        let pool = match &self.transport {
+            Transport::Smtp(pool) => Some(&**pool),
+            Transport::File(_) => None,
+        };
         Some(Reservation {
             place,
             connections: &self.permits,
+            pool,
             deeper,
         })
     }
@@ -300,7 +352,7 @@ impl Mailer {
     /// Waits for a free SMTP session (a reservation, then a connection). `None` once the
     /// mailer is closed.
     pub async fn session(&self) -> Option<Session<'_>> {
-        self.reserve().await?.session_unbounded().await
+        self.reserve().await?.take(None).await
     }
 
     /// Whether the SMTP server answers (connect, TLS, greeting, EHLO, AUTH) within the send
@@ -319,9 +371,15 @@ impl Mailer {
         }
     }
 
-    /// Waits for a session, then sends one message in it ([`Mailer::send_in`]).
+    /// Waits for a session (in which a send in progress may take `message` along, as for a
+    /// worker's delivery), then sends one message in it ([`Mailer::send_in`]).
     pub async fn send(&self, message: &Outgoing) -> Result<String, SendError> {
-        let session = self.session().await.ok_or_else(|| SendError::Transient {
+        let reservation = self.reserve().await;
+        let session = match reservation {
+            Some(r) => r.take(Some(message)).await,
+            None => None,
+        };
+        let session = session.ok_or_else(|| SendError::Transient {
             reason: "mailer is shutting down".into(),
         })?;
         self.send_in(&session, message).await
@@ -331,14 +389,14 @@ impl Mailer {
     /// server's reply, kept in the ledger.
     pub async fn send_in(
         &self,
-        _session: &Session<'_>,
+        session: &Session<'_>,
         message: &Outgoing,
     ) -> Result<String, SendError> {
         let _running = self.deeper.as_ref().map(|d| d.depth.start());
         match &self.transport {
             Transport::Smtp(pool) => {
                 let phase = Arc::new(PhaseCell::default());
-                let sending = pool.send(&message.envelope, &message.bytes, &phase);
+                let sending = pool.send(message, &phase, &session.held);
                 let failure = match tokio::time::timeout(self.timeout, sending).await {
                     Ok(Ok(reply)) => {
                         let text: Vec<&str> = reply.message().collect();
@@ -362,6 +420,23 @@ impl Mailer {
                     }),
                 }
             }
+        }
+    }
+
+    /// Messages whose MAIL, RCPT and DATA a send took along behind its final dot, so far (0 for
+    /// `file://`).
+    pub fn taken_along(&self) -> u64 {
+        match &self.transport {
+            Transport::Smtp(pool) => pool.taken_along(),
+            Transport::File(_) => 0,
+        }
+    }
+
+    /// Messages waiting for an SMTP connection that a send may take along (0 for `file://`).
+    pub fn waiting(&self) -> usize {
+        match &self.transport {
+            Transport::Smtp(pool) => pool.waiting(),
+            Transport::File(_) => 0,
         }
     }
 

@@ -75,7 +75,7 @@ pub struct WorkerArgs {
     /// the next claim to share its commit. 1 writes each on its own, at once.
     #[arg(long, env = "MAILROOM_LEDGER_GROUP", default_value_t = 64)]
     pub ledger_group: usize,
-    /// Concurrent SMTP sessions at most (lettre's pool does not bound them by itself).
+    /// Concurrent SMTP sessions at most (a message waiting for one may ride behind a send in progress on a server that offers PIPELINING).
     #[arg(long, env = "MAILROOM_SMTP_CONNECTIONS", default_value_t = 16)]
     pub smtp_connections: u32,
     /// On SIGTERM/SIGINT, how long deliveries in flight may take to finish.

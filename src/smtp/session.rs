@@ -6,7 +6,7 @@
 //! permanent (a 4xx/5xx to the final dot means "not accepted").
 
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -19,7 +19,7 @@ use lettre::transport::smtp::commands::{Data, Ehlo, Mail, Rcpt};
 use lettre::transport::smtp::extension::{Extension, MailBodyParameter, MailParameter};
 use lettre::transport::smtp::response::{Response, Severity};
 
-use super::SendError;
+use super::{Outgoing, SendError};
 
 /// Where a send is. Ordered: a later phase has a larger value.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -169,6 +169,12 @@ pub fn classify(phase: Phase, failure: &Failure, server: &str) -> SendError {
 /// refused recipient is a refusal at RCPT TO as without pipelining. After any failure the
 /// caller drops the connection, so replies left unread never answer a later message.
 ///
+/// `ahead`: this message's MAIL, RCPT and DATA already went out, behind the previous message's
+/// final dot on this connection, and only their replies are read. `next` is asked, once the
+/// server said 354, for the commands of a message waiting for a connection: they leave in the
+/// same write as this body and its dot (RFC 2920 §3.1 allows a message's content to start a
+/// group), so that waiting message needs no round trip of its own for its commands.
+///
 /// The body goes out dot-stuffed with the final dot in the same write: one send instead of
 /// lettre's two, and one pass over the body that copies it line by line instead of byte by
 /// byte (the same bytes on the wire).
@@ -176,29 +182,29 @@ pub async fn transaction(
     conn: &mut AsyncSmtpConnection,
     watch: &DotWatch,
     pipelining: bool,
-    envelope: &Envelope,
-    email: &[u8],
+    ahead: bool,
+    message: &Outgoing,
     phase: &Arc<PhaseCell>,
+    next: &mut (dyn FnMut(&AsyncSmtpConnection) -> Option<String> + Send),
 ) -> Result<Response, Failure> {
     phase.set(Phase::Mail);
+    let envelope = &message.envelope;
     // mailroom builds every message from text; anything else is refused before MAIL FROM.
-    let text = std::str::from_utf8(email).map_err(|e| {
+    let text = std::str::from_utf8(&message.bytes).map_err(|e| {
         Failure::Refused(format!(
             "the message is not UTF-8 text (byte {}), and mailroom sends text only",
             e.valid_up_to()
         ))
     })?;
-    let params = mail_parameters(conn, envelope, email)?;
-    let mail = Mail::new(envelope.from().cloned(), params);
     let rcpt_failure = |to: &lettre::Address, e| Failure::Rcpt(to.domain().to_ascii_lowercase(), e);
-    if pipelining {
-        let mut commands = mail.to_string();
-        for to in envelope.to() {
-            commands.push_str(&Rcpt::new(to.clone(), vec![]).to_string());
+    if ahead || pipelining {
+        if ahead {
+            conn.read_response().await?;
+        } else {
+            // Writes the whole group, then reads MAIL's reply.
+            conn.command(commands(conn, envelope, !message.bytes.is_ascii())?)
+                .await?;
         }
-        commands.push_str(&Data.to_string());
-        // Writes the whole group, then reads MAIL's reply.
-        conn.command(commands).await?;
         phase.set(Phase::Rcpt);
         for to in envelope.to() {
             conn.read_response()
@@ -208,7 +214,9 @@ pub async fn transaction(
         phase.set(Phase::Data);
         conn.read_response().await?;
     } else {
-        conn.command(mail).await?;
+        let params = mail_parameters(conn, envelope, !message.bytes.is_ascii())?;
+        conn.command(Mail::new(envelope.from().cloned(), params))
+            .await?;
         phase.set(Phase::Rcpt);
         for to in envelope.to() {
             conn.command(Rcpt::new(to.clone(), vec![]))
@@ -219,7 +227,8 @@ pub async fn transaction(
         conn.command(Data).await?;
     }
     phase.set(Phase::Body);
-    let reply = body_and_dot(conn, watch, text, phase).await?;
+    let next = if pipelining { next(conn) } else { None };
+    let reply = body_and_dot(conn, watch, text, next, phase).await?;
     // lettre accepts any positive reply; only a 2xx means the server took the message. Anything
     // else after the final dot (a 354 read out of step, say) leaves its fate unknown.
     if reply.code().severity != Severity::PositiveCompletion {
@@ -232,23 +241,49 @@ pub async fn transaction(
     Ok(reply)
 }
 
-/// Writes the dot-stuffed body and the final dot in one write, and reads the reply.
+/// MAIL FROM (with the parameters the message needs), RCPT TO each recipient and DATA, as
+/// they go on the wire in one pipelined write. `eight_bit`: the message has non-ASCII bytes.
+pub fn commands(
+    conn: &AsyncSmtpConnection,
+    envelope: &Envelope,
+    eight_bit: bool,
+) -> Result<String, Failure> {
+    let params = mail_parameters(conn, envelope, eight_bit)?;
+    let mut commands = Mail::new(envelope.from().cloned(), params).to_string();
+    for to in envelope.to() {
+        commands.push_str(&Rcpt::new(to.clone(), vec![]).to_string());
+    }
+    commands.push_str(&Data.to_string());
+    Ok(commands)
+}
+
+/// Writes the dot-stuffed body and the final dot in one write, followed by `next` (the next
+/// message's commands) when there is one, and reads the reply to the dot.
 ///
-/// The phase stays [`Phase::Body`] until the whole write has returned: a write that fails
-/// or times out has not handed the dot, its last bytes, to the network, so nothing can have
-/// been accepted. lettre reads the reply only after the write and its flush returned, so the
-/// connection's first read after this write started is when the phase becomes
-/// [`Phase::FinalDot`]; `watch` sees it, also when a timeout then drops this future.
+/// The phase stays [`Phase::Body`] until the dot is all written: a write that fails or times
+/// out before it has not handed the dot to the network, so nothing can have been accepted.
+/// Alone in its write, the dot is its last bytes, and lettre reads the reply only after the
+/// write and its flush returned, so the connection's first read after this write started is
+/// when the phase becomes [`Phase::FinalDot`]. With `next` behind it, the dot is out once the
+/// connection has written as many bytes as the body and the dot take, and `watch` counts them
+/// (under TLS it counts what TLS took or wrote, which can only be sooner). `watch` moves the
+/// phase, also when a timeout then drops this future.
 async fn body_and_dot(
     conn: &mut AsyncSmtpConnection,
     watch: &DotWatch,
     body: &str,
+    next: Option<String>,
     phase: &Arc<PhaseCell>,
 ) -> Result<Response, Failure> {
-    let data = data_phase(body);
+    let mut data = data_phase(body);
+    let dot_end = next.as_ref().map(|commands| {
+        let end = data.len();
+        data.push_str(commands);
+        end
+    });
     // Before the write starts: a process killed after this line may have sent the dot.
     tracing::debug!(target: super::WINDOW_TARGET, window = "sending", "uncertain window opens: the final dot goes out");
-    watch.arm(phase);
+    watch.arm(phase, dot_end);
     let reply = conn.command(data).await;
     watch.disarm();
     match reply {
@@ -261,7 +296,7 @@ async fn body_and_dot(
             phase.set(Phase::FinalDot);
             Err(e.into())
         }
-        // The network: the watch says whether it broke before or after the write was done.
+        // The network: the watch says whether it broke before or after the dot was written.
         Err(e) => Err(e.into()),
     }
 }
@@ -286,27 +321,58 @@ fn data_phase(body: &str) -> String {
     out
 }
 
-/// Tells a send when its body and final dot are all written: [`Watched`] reports each read of
-/// the connection, and the first one after [`DotWatch::arm`] moves the armed phase to
+/// Tells a send when its body and final dot are all written: [`Watched`] reports each read and
+/// each write of the connection; the first read after [`DotWatch::arm`], or the write that
+/// brings the bytes written since to the armed count, moves the armed phase to
 /// [`Phase::FinalDot`].
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct DotWatch {
     /// The armed send's phase; `None` while disarmed.
     armed: Mutex<Option<Arc<PhaseCell>>>,
+    /// Bytes written on the connection so far.
+    written: AtomicU64,
+    /// The count of `written` at which the armed send's dot is all written (`u64::MAX`: only
+    /// a read tells).
+    dot_at: AtomicU64,
+}
+
+impl Default for DotWatch {
+    fn default() -> DotWatch {
+        DotWatch {
+            armed: Mutex::new(None),
+            written: AtomicU64::new(0),
+            dot_at: AtomicU64::new(u64::MAX),
+        }
+    }
 }
 
 impl DotWatch {
-    fn arm(&self, phase: &Arc<PhaseCell>) {
+    /// Arms the watch for a send whose dot ends `dot_end` bytes into its next write, when
+    /// more follows it in that write; `None` when the dot ends it.
+    fn arm(&self, phase: &Arc<PhaseCell>, dot_end: Option<usize>) {
         *self.armed.lock().unwrap() = Some(phase.clone());
+        let at = dot_end.map_or(u64::MAX, |end| {
+            self.written.load(Ordering::Relaxed) + end as u64
+        });
+        self.dot_at.store(at, Ordering::Relaxed);
     }
 
     fn disarm(&self) {
+        self.dot_at.store(u64::MAX, Ordering::Relaxed);
         self.armed.lock().unwrap().take();
     }
 
     fn read(&self) {
+        self.dot_at.store(u64::MAX, Ordering::Relaxed);
         if let Some(phase) = self.armed.lock().unwrap().take() {
             phase.set(Phase::FinalDot);
+        }
+    }
+
+    fn wrote(&self, n: usize) {
+        let written = self.written.fetch_add(n as u64, Ordering::Relaxed) + n as u64;
+        if written >= self.dot_at.load(Ordering::Relaxed) {
+            self.read();
         }
     }
 }
@@ -350,7 +416,12 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Watched<S> {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.get_mut().inner).poll_write(cx, buf)
+        let this = self.get_mut();
+        let wrote = Pin::new(&mut this.inner).poll_write(cx, buf);
+        if let Poll::Ready(Ok(n)) = wrote {
+            this.watch.wrote(n);
+        }
+        wrote
     }
 
     fn poll_write_vectored(
@@ -358,7 +429,12 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Watched<S> {
         cx: &mut Context<'_>,
         bufs: &[std::io::IoSlice<'_>],
     ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.get_mut().inner).poll_write_vectored(cx, bufs)
+        let this = self.get_mut();
+        let wrote = Pin::new(&mut this.inner).poll_write_vectored(cx, bufs);
+        if let Poll::Ready(Ok(n)) = wrote {
+            this.watch.wrote(n);
+        }
+        wrote
     }
 
     fn is_write_vectored(&self) -> bool {
@@ -400,7 +476,7 @@ pub async fn offers_pipelining(
 fn mail_parameters(
     conn: &AsyncSmtpConnection,
     envelope: &Envelope,
-    email: &[u8],
+    eight_bit: bool,
 ) -> Result<Vec<MailParameter>, Failure> {
     let info = conn.server_info();
     let mut params = vec![];
@@ -417,7 +493,7 @@ fn mail_parameters(
         }
         params.push(MailParameter::SmtpUtfEight);
     }
-    if !email.is_ascii() {
+    if eight_bit {
         if !info.supports_feature(Extension::EightBitMime) {
             return Err(Failure::Refused(
                 "non-ASCII message but the server does not offer 8BITMIME".into(),
@@ -545,6 +621,84 @@ mod tests {
     }
 
     #[test]
+    fn with_the_next_commands_behind_it_the_dot_is_out_when_its_last_byte_is_written() {
+        let watch = DotWatch::default();
+        // What the connection wrote before this send's body.
+        watch.wrote(1000);
+        let phase = Arc::new(PhaseCell::default());
+        phase.set(Phase::Body);
+        watch.arm(&phase, Some(500));
+        watch.wrote(300);
+        assert_eq!(phase.get(), Phase::Body);
+        watch.wrote(199);
+        assert_eq!(
+            phase.get(),
+            Phase::Body,
+            "one byte of the dot is not written"
+        );
+        watch.wrote(1);
+        assert_eq!(phase.get(), Phase::FinalDot);
+        // One write that carries the dot and the next message's commands.
+        let next = Arc::new(PhaseCell::default());
+        next.set(Phase::Body);
+        watch.arm(&next, Some(10));
+        watch.wrote(40);
+        assert_eq!(next.get(), Phase::FinalDot);
+        // Disarmed, writes move nothing; armed without a count, only a read does.
+        let later = Arc::new(PhaseCell::default());
+        later.set(Phase::Body);
+        watch.arm(&later, Some(10));
+        watch.disarm();
+        watch.wrote(100);
+        assert_eq!(later.get(), Phase::Body);
+        watch.arm(&later, None);
+        watch.wrote(1 << 20);
+        assert_eq!(later.get(), Phase::Body);
+        watch.read();
+        assert_eq!(later.get(), Phase::FinalDot);
+    }
+
+    #[tokio::test]
+    async fn a_watched_stream_counts_the_bytes_the_write_handed_on() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        // A peer that takes 16 bytes at a time: the write of the body, the dot and the next
+        // message's commands goes out in pieces, and the dot is out once its last piece is.
+        let (near, mut far) = tokio::io::duplex(16);
+        let watch = Arc::new(DotWatch::default());
+        let mut stream = Watched::new(near, watch.clone());
+        let phase = Arc::new(PhaseCell::default());
+        phase.set(Phase::Body);
+        let data = format!(
+            "{}{}",
+            data_phase("x".repeat(100).as_str()),
+            "MAIL FROM:<a@b>\r\n"
+        );
+        let dot_end = data.find(".\r\nMAIL").unwrap() + 3;
+        watch.arm(&phase, Some(dot_end));
+        let writing = tokio::spawn(async move { stream.write_all(data.as_bytes()).await });
+        // The peer took all but 17 bytes of the body and the dot: the writer handed on 16
+        // more at most, short of the dot's last byte.
+        let mut taken = vec![0u8; dot_end - 17];
+        far.read_exact(&mut taken).await.unwrap();
+        tokio::task::yield_now().await;
+        assert_eq!(
+            phase.get(),
+            Phase::Body,
+            "the dot's last byte is not written"
+        );
+        // The peer took the dot: the write is still under way (the 17 bytes of MAIL do not fit
+        // in what the peer holds), and the dot is out.
+        let mut taken = vec![0u8; 17];
+        far.read_exact(&mut taken).await.unwrap();
+        assert_eq!(phase.get(), Phase::FinalDot);
+        assert!(!writing.is_finished());
+        let mut rest = vec![];
+        far.read_to_end(&mut rest).await.unwrap();
+        assert_eq!(rest, b"MAIL FROM:<a@b>\r\n");
+        writing.await.unwrap().unwrap();
+    }
+
+    #[test]
     fn the_watch_moves_only_the_armed_send_to_the_final_dot_at_the_first_read() {
         let watch = DotWatch::default();
         let phase = Arc::new(PhaseCell::default());
@@ -552,7 +706,7 @@ mod tests {
         // Reads before the body's write (the replies to MAIL, RCPT, DATA) change nothing.
         watch.read();
         assert_eq!(phase.get(), Phase::Body);
-        watch.arm(&phase);
+        watch.arm(&phase, None);
         assert_eq!(phase.get(), Phase::Body);
         watch.read();
         assert_eq!(phase.get(), Phase::FinalDot);
@@ -562,7 +716,7 @@ mod tests {
         next.set(Phase::Body);
         watch.read();
         assert_eq!(next.get(), Phase::Body);
-        watch.arm(&next);
+        watch.arm(&next, None);
         watch.disarm();
         watch.read();
         assert_eq!(next.get(), Phase::Body);

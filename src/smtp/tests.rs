@@ -43,6 +43,8 @@ struct Script {
     pipelining: bool,
     /// The reply to a second EHLO in a session, when not the first one's.
     second_ehlo: Option<&'static str>,
+    /// What to do after the dot of a message whose body has this text, instead of `after_dot`.
+    marked: Option<(&'static str, AfterDot)>,
 }
 
 impl Default for Script {
@@ -60,6 +62,7 @@ impl Default for Script {
             dot_delay: Duration::ZERO,
             pipelining: false,
             second_ehlo: None,
+            marked: None,
         }
     }
 }
@@ -74,6 +77,8 @@ struct Counters {
     pipelined: AtomicUsize,
     /// MAIL FROM commands received.
     mails: AtomicUsize,
+    /// Final dots that arrived with the next message's MAIL FROM behind them.
+    chained: AtomicUsize,
     /// The messages received up to their final dot, dot-stuffing undone.
     bodies: std::sync::Mutex<Vec<String>>,
 }
@@ -202,9 +207,16 @@ async fn receive_data<S: AsyncRead + AsyncWrite>(
         }
         body.push_str(line.strip_prefix('.').unwrap_or(&line));
     }
+    if lines.buffer().starts_with(b"MAIL FROM:") {
+        c.chained.fetch_add(1, Ordering::SeqCst);
+    }
+    let after_dot = match s.marked {
+        Some((text, after)) if body.contains(text) => after,
+        _ => s.after_dot,
+    };
     c.bodies.lock().unwrap().push(body);
     tokio::time::sleep(s.dot_delay).await;
-    match s.after_dot {
+    match after_dot {
         AfterDot::Reply(r) => Ok(Some(r)),
         AfterDot::Close => Ok(None),
         AfterDot::Stall => {
@@ -245,6 +257,54 @@ fn message() -> Outgoing {
         .body(String::from("Hello Ada.\r\n.\r\nA dot line above."))
         .unwrap();
     Outgoing::format(&message).unwrap()
+}
+
+fn message_with(text: &str) -> Outgoing {
+    let message = Message::builder()
+        .from("Shop <noreply@shop.example>".parse().unwrap())
+        .to("Ada <ada@example.com>".parse().unwrap())
+        .subject("hello")
+        .body(text.to_owned())
+        .unwrap();
+    Outgoing::format(&message).unwrap()
+}
+
+/// Two messages through a mailer with one connection (and `timeout` a send): `first` holds the
+/// connection, `second` waits in line for it (at most `within`), and `first` is sent once
+/// `second` waits. `None`: `second` had no connection in time.
+async fn one_behind_the_other(
+    s: &Server,
+    timeout: Duration,
+    (first, second): (&Outgoing, &Outgoing),
+    within: Duration,
+) -> (
+    Result<String, SendError>,
+    Option<Result<String, SendError>>,
+    u64,
+) {
+    let m = Mailer::new(&MailerSettings {
+        url: format!("smtp://127.0.0.1:{}", s.port).parse().unwrap(),
+        timeout,
+        reserved_ahead: 1,
+        ..settings(1)
+    })
+    .unwrap();
+    let held = m.reserve().await.unwrap().session(first, Duration::ZERO);
+    let held = held.await.unwrap();
+    let waiting = async {
+        let session = m.reserve().await.unwrap().session(second, within).await?;
+        Some(m.send_in(&session, second).await)
+    };
+    let sending = async {
+        while m.waiting() == 0 {
+            tokio::task::yield_now().await;
+        }
+        let sent = m.send_in(&held, first).await;
+        drop(held);
+        sent
+    };
+    let (second, first) = tokio::join!(waiting, sending);
+    (first, second, m.taken_along())
 }
 
 async fn outcome(script: Script) -> Result<String, SendError> {
@@ -313,7 +373,12 @@ async fn a_line_of_reservations_ahead_waits_for_the_cap_and_gives_up_at_its_budg
     })
     .unwrap();
     // One connection and one place ahead of it, whatever was asked for beyond that.
-    let sending = m.reserve().await.unwrap().session(Duration::ZERO).await;
+    let sending = m
+        .reserve()
+        .await
+        .unwrap()
+        .session(&message(), Duration::ZERO)
+        .await;
     let sending = sending.expect("a free connection is taken without waiting");
     let in_line = m.reserve().await.unwrap();
     let third = tokio::time::timeout(Duration::from_millis(100), m.reserve()).await;
@@ -323,12 +388,21 @@ async fn a_line_of_reservations_ahead_waits_for_the_cap_and_gives_up_at_its_budg
     );
     // The connection stays busy past the budget: the claim in line gets none.
     let started = tokio::time::Instant::now();
-    assert!(in_line.session(Duration::from_millis(200)).await.is_none());
+    assert!(
+        in_line
+            .session(&message(), Duration::from_millis(200))
+            .await
+            .is_none()
+    );
     assert!(started.elapsed() >= Duration::from_millis(200));
     // Its place is given up with it, and the next in line gets the connection once it is free.
     let next = m.reserve().await.unwrap();
     drop(sending);
-    assert!(next.session(Duration::from_millis(200)).await.is_some());
+    assert!(
+        next.session(&message(), Duration::from_millis(200))
+            .await
+            .is_some()
+    );
 }
 
 /// `f`, unless it is still waiting after 50 ms.
@@ -505,6 +579,131 @@ async fn mail_rcpt_and_data_go_in_one_write_only_to_a_server_that_offers_pipelin
             "pipelining offered: {pipelining}"
         );
     }
+}
+
+#[tokio::test]
+async fn a_waiting_message_rides_behind_the_dot_before_it_and_takes_its_connection() {
+    for pipelining in [false, true] {
+        let s = server(Script {
+            pipelining,
+            ..Script::default()
+        })
+        .await;
+        let (one, two) = (message_with("the first"), message_with("the second"));
+        let (first, second, taken) = one_behind_the_other(
+            &s,
+            Duration::from_secs(5),
+            (&one, &two),
+            Duration::from_secs(5),
+        )
+        .await;
+        first.unwrap();
+        second.unwrap().unwrap();
+        let c = &s.counters;
+        let bodies = c.bodies.lock().unwrap().clone();
+        assert_eq!(bodies.len(), 2);
+        assert!(bodies[0].contains("the first") && bodies[1].contains("the second"));
+        assert_eq!(c.connections.load(Ordering::SeqCst), 1);
+        let chained = usize::from(pipelining);
+        assert_eq!(c.chained.load(Ordering::SeqCst), chained, "{pipelining}");
+        assert_eq!(taken, chained as u64);
+        assert_eq!(c.mails.load(Ordering::SeqCst), 2);
+    }
+}
+
+#[tokio::test]
+async fn when_the_dot_before_it_is_refused_a_waiting_message_is_sent_on_its_own_connection() {
+    let s = server(Script {
+        pipelining: true,
+        marked: Some(("refuse me", AfterDot::Reply("554 5.7.1 not this one"))),
+        ..Script::default()
+    })
+    .await;
+    let (one, two) = (message_with("refuse me"), message_with("the second"));
+    let (first, second, taken) = one_behind_the_other(
+        &s,
+        Duration::from_secs(5),
+        (&one, &two),
+        Duration::from_secs(5),
+    )
+    .await;
+    assert_eq!(class(&first), "permanent", "{first:?}");
+    second.unwrap().unwrap();
+    let c = &s.counters;
+    assert_eq!(taken, 1);
+    assert_eq!(c.chained.load(Ordering::SeqCst), 1);
+    // Its MAIL went out twice, its body once: on the second connection.
+    assert_eq!(c.mails.load(Ordering::SeqCst), 3);
+    assert_eq!(c.connections.load(Ordering::SeqCst), 2);
+    let bodies = c.bodies.lock().unwrap().clone();
+    assert_eq!(
+        bodies.iter().filter(|b| b.contains("the second")).count(),
+        1
+    );
+    assert_eq!(c.accepted.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test]
+async fn a_break_after_the_dot_with_a_message_behind_it_is_uncertain_for_one_and_a_safe_retry_for_the_other()
+ {
+    for after in [AfterDot::Close, AfterDot::Stall] {
+        let s = server(Script {
+            pipelining: true,
+            marked: Some(("break here", after)),
+            ..Script::default()
+        })
+        .await;
+        let (one, two) = (message_with("break here"), message_with("the second"));
+        let (first, second, taken) = one_behind_the_other(
+            &s,
+            Duration::from_millis(500),
+            (&one, &two),
+            Duration::from_secs(5),
+        )
+        .await;
+        assert_eq!(class(&first), "uncertain", "{first:?}");
+        assert!(format!("{first:?}").contains("after the final dot"));
+        second.unwrap().unwrap();
+        let c = &s.counters;
+        assert_eq!((taken, c.chained.load(Ordering::SeqCst)), (1, 1));
+        assert_eq!(c.connections.load(Ordering::SeqCst), 2);
+        let bodies = c.bodies.lock().unwrap().clone();
+        assert_eq!(
+            bodies.iter().filter(|b| b.contains("the second")).count(),
+            1
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_stall_in_a_body_with_a_message_behind_it_is_before_the_dot() {
+    // The next message's commands follow the dot in the same write: the dot counts as out only
+    // once every byte up to it was written, not when the write began or ended.
+    let s = server(Script {
+        pipelining: true,
+        stall_after_354: true,
+        ..Script::default()
+    })
+    .await;
+    let big = Outgoing {
+        envelope: message().envelope,
+        // Far more than the socket buffers hold: the write cannot finish.
+        bytes: vec![b'x'; 32 * 1024 * 1024],
+    };
+    let (first, second, taken) = one_behind_the_other(
+        &s,
+        Duration::from_millis(500),
+        (&big, &message()),
+        Duration::from_millis(100),
+    )
+    .await;
+    assert_eq!(class(&first), "transient", "{first:?}");
+    assert!(format!("{first:?}").contains("while sending the message body"));
+    assert_eq!(taken, 1, "the waiting message's commands were in the write");
+    assert!(
+        second.is_none(),
+        "no connection came free in time: {second:?}"
+    );
 }
 
 #[tokio::test]
@@ -736,7 +935,7 @@ async fn over_tls_the_body_arrives_whole_and_a_send_knows_when_its_dot_is_out() 
         let pool = tls_pool(s.port, implicit, &cert);
         let m = message();
         let phase = Arc::new(PhaseCell::default());
-        pool.send(&m.envelope, &m.bytes, &phase).await.unwrap();
+        pool.send(&m, &phase, &Default::default()).await.unwrap();
         let text = String::from_utf8(m.bytes.clone()).unwrap();
         assert!(
             text.contains("\r\n.\r\n"),
@@ -753,7 +952,12 @@ async fn over_tls_the_body_arrives_whole_and_a_send_knows_when_its_dot_is_out() 
             let s = tls_server(script, implicit, &cert, &key).await;
             let pool = tls_pool(s.port, implicit, &cert);
             let phase = Arc::new(PhaseCell::default());
-            let sending = pool.send(&m.envelope, body, &phase);
+            let body = Outgoing {
+                envelope: m.envelope.clone(),
+                bytes: body.to_vec(),
+            };
+            let held = Default::default();
+            let sending = pool.send(&body, &phase, &held);
             assert!(
                 tokio::time::timeout(Duration::from_secs(1), sending)
                     .await

@@ -61,7 +61,9 @@ impl Worker {
         // line no longer than the connections, within one send; see `lease`).
         let timeout = self.mailer.timeout();
         let waiting = Instant::now();
-        let session = reservation.session(deadline.wait_budget(timeout)).await;
+        let session = reservation
+            .session(&message, deadline.wait_budget(timeout))
+            .await;
         self.stats.observe_connection_wait(waiting.elapsed());
         // The fence: a send starts only if it, and the record of its result, end before the
         // claim's deadline. The send is bounded by the SMTP timeout, so no byte of it goes out
@@ -108,6 +110,9 @@ impl Worker {
         kind: &str,
     ) -> Result<String, SendError> {
         let started = Instant::now();
+        if session.rode_along() {
+            Stats::bump(&self.stats.rode_along);
+        }
         let sent = self.mailer.send_in(&session, message).await;
         drop(session);
         let took = started.elapsed();

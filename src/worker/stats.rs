@@ -70,6 +70,9 @@ pub struct Stats {
     /// reply lost after the final dot (W2), a `sent` that could not be committed (W1), or an
     /// accepted send whose claim had been taken over. Each can explain one duplicate.
     pub open_windows: AtomicU64,
+    /// Sends whose MAIL, RCPT and DATA went out behind the previous message's final dot, on the
+    /// connection that message's send handed over.
+    pub rode_along: AtomicU64,
     /// Settled ledger rows deleted past the retention.
     pub ledger_deleted: AtomicU64,
     /// Longest wait for a place in line for an SMTP session so far, in microseconds (before
@@ -175,6 +178,7 @@ impl Default for Stats {
             given_back: AtomicU64::new(0),
             deeper_places: AtomicU64::new(0),
             open_windows: AtomicU64::new(0),
+            rode_along: AtomicU64::new(0),
             ledger_deleted: AtomicU64::new(0),
             longest_session_wait_us: AtomicU64::new(0),
             longest_connection_wait_us: AtomicU64::new(0),

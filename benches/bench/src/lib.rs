@@ -59,6 +59,7 @@ pub enum Only {
     EndToEnd,
     Dlq,
     Rounds,
+    Smtp,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -140,9 +141,10 @@ impl Opts {
                     "e2e" => opts.only = Some(Only::EndToEnd),
                     "dlq" => opts.only = Some(Only::Dlq),
                     "rounds" => opts.only = Some(Only::Rounds),
+                    "smtp" => opts.only = Some(Only::Smtp),
                     other => {
                         anyhow::bail!(
-                            "--only {other:?}: `recorder`, `backlog`, `paced`, `e2e`, `dlq` or `rounds`"
+                            "--only {other:?}: `recorder`, `backlog`, `paced`, `e2e`, `dlq`, `rounds` or `smtp`"
                         )
                     }
                 },
@@ -331,6 +333,11 @@ async fn run(opts: Opts) -> anyhow::Result<()> {
         if let Some(ledger) = &floor.ledger {
             println!("{ledger}");
         }
+        return Ok(());
+    }
+    if opts.only == Some(Only::Smtp) {
+        let s = raw::smtp(&sink, opts.raw_n, opts.floor_n).await?;
+        println!("{}", report::raw_smtp_lines(&s));
         return Ok(());
     }
     if opts.only == Some(Only::Backlog) {

@@ -87,6 +87,10 @@ pub struct RawSmtp {
     pub n: usize,
     /// Messages per second accepted by smtp-sink, driven through mailroom's `Mailer`.
     pub rate: f64,
+    /// The same, each message waiting for a connection of its own instead of riding behind a
+    /// send in progress: one write and one read more per message.
+    pub alone_rate: f64,
+    pub alone_cpu: CpuShare,
     pub concurrency: usize,
     pub connections: u32,
     pub message_bytes: usize,
@@ -421,7 +425,8 @@ pub async fn bench_mailer(
         message_id_domain: "mailroom.bench".into(),
         timeout: Duration::from_secs(60),
         max_connections: WORKER_SMTP_CONNECTIONS,
-        reserved_ahead: 0,
+        // As a worker whose lease covers a wait for a connection: a sender may wait in line.
+        reserved_ahead: WORKER_SMTP_CONNECTIONS,
         deeper: None,
         dkim: None,
     })?;
@@ -444,6 +449,45 @@ pub async fn smtp(sink: &SmtpSink, n: usize, floor_n: usize) -> anyhow::Result<R
             .map_err(|e| anyhow::anyhow!("{e}"))?;
         floor.record_duration(t.elapsed());
     }
+    let (rate, loaded, cpu) = smtp_loaded(&mailer, &message, sink, n, true).await?;
+    let (alone_rate, _, alone_cpu) = smtp_loaded(&mailer, &message, sink, n, false).await?;
+    let smtp_source_rate = smtp_source(sink, n, bytes).await.ok();
+    let nodelay = smtp_nodelay(sink, &message, n, floor_n).await;
+    if let Err(e) = &nodelay {
+        eprintln!("bench: lettre with TCP_NODELAY: {e:#}");
+    }
+    let (nodelay_rate, nodelay_floor) = match nodelay {
+        Ok((rate, floor)) => (Some(rate), Some(floor)),
+        Err(_) => (None, None),
+    };
+    Ok(RawSmtp {
+        n,
+        rate,
+        alone_rate,
+        alone_cpu,
+        concurrency: WORKER_CONCURRENCY,
+        connections: WORKER_SMTP_CONNECTIONS,
+        message_bytes: bytes,
+        loaded,
+        floor: floor.summary(false),
+        smtp_source_rate,
+        nodelay_rate,
+        nodelay_floor,
+        cpu,
+    })
+}
+
+/// `n` messages through `mailer` by [`WORKER_CONCURRENCY`] senders: (messages/s, latency of
+/// each send, CPU). `along`: a sender waiting for a connection may ride behind a send in
+/// progress (`Mailer::send`, as a worker's deliveries); otherwise each waits for a connection
+/// of its own and sends with its own round trips.
+async fn smtp_loaded(
+    mailer: &Arc<mailroom::smtp::Mailer>,
+    message: &Arc<mailroom::smtp::Outgoing>,
+    sink: &SmtpSink,
+    n: usize,
+    along: bool,
+) -> anyhow::Result<(f64, Lat, CpuShare)> {
     let roles = Roles {
         workers: vec![],
         smtp_sink: sink.pid(),
@@ -457,10 +501,13 @@ pub async fn smtp(sink: &SmtpSink, n: usize, floor_n: usize) -> anyhow::Result<R
             let mut lat = Recorder::default();
             while next.fetch_add(1, Ordering::Relaxed) < n {
                 let t = Instant::now();
-                mailer
-                    .send(&message)
-                    .await
-                    .map_err(|e| anyhow::anyhow!("{e}"))?;
+                let sent = if along {
+                    mailer.send(&message).await
+                } else {
+                    let session = mailer.session().await.context("mailer closed")?;
+                    mailer.send_in(&session, &message).await
+                };
+                sent.map_err(|e| anyhow::anyhow!("{e}"))?;
                 lat.record_duration(t.elapsed());
             }
             anyhow::Ok(lat)
@@ -472,28 +519,7 @@ pub async fn smtp(sink: &SmtpSink, n: usize, floor_n: usize) -> anyhow::Result<R
     }
     let elapsed = t0.elapsed().as_secs_f64();
     let cpu = before.share_until(&Snapshot::take(&roles));
-    let smtp_source_rate = smtp_source(sink, n, bytes).await.ok();
-    let nodelay = smtp_nodelay(sink, &message, n, floor_n).await;
-    if let Err(e) = &nodelay {
-        eprintln!("bench: lettre with TCP_NODELAY: {e:#}");
-    }
-    let (nodelay_rate, nodelay_floor) = match nodelay {
-        Ok((rate, floor)) => (Some(rate), Some(floor)),
-        Err(_) => (None, None),
-    };
-    Ok(RawSmtp {
-        n,
-        rate: n as f64 / elapsed,
-        concurrency: WORKER_CONCURRENCY,
-        connections: WORKER_SMTP_CONNECTIONS,
-        message_bytes: bytes,
-        loaded: loaded.summary(true),
-        floor: floor.summary(false),
-        smtp_source_rate,
-        nodelay_rate,
-        nodelay_floor,
-        cpu,
-    })
+    Ok((n as f64 / elapsed, loaded.summary(true), cpu))
 }
 
 /// A plain SMTP session of lettre's over a socket with Nagle off.

@@ -181,6 +181,12 @@ fn unsettled(out: &mut String, w: &Stats) {
     );
     counter(
         out,
+        "mailroom_smtp_rode_along_total",
+        "Sends whose MAIL, RCPT and DATA went out behind the previous message's final dot on a busy connection (the server offers PIPELINING), saving their own round trip.",
+        w.rode_along.load(Ordering::Relaxed),
+    );
+    counter(
+        out,
         "mailroom_ledger_deleted_total",
         "Settled (sent or dead) ledger rows deleted past MAILROOM_LEDGER_RETENTION.",
         w.ledger_deleted.load(Ordering::Relaxed),
