@@ -207,7 +207,7 @@ impl<'a> Reservation<'a> {
         let Some(pool) = self.pool else {
             return acquire.await.ok().map(pool::Held::permit);
         };
-        let (ticket, mut handed) = pool.wait(message);
+        let (ticket, mut handed) = pool.line_up(message);
         tokio::pin!(acquire);
         tokio::select! {
             handoff = &mut handed => {

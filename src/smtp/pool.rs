@@ -172,7 +172,7 @@ impl Pool {
 
     /// Puts `message` in the line of messages waiting for a connection; the receiver gets a
     /// connection with its commands sent, or is dropped when that send failed.
-    pub fn wait(&self, message: &Outgoing) -> (Ticket<'_>, oneshot::Receiver<Handoff>) {
+    pub fn line_up(&self, message: &Outgoing) -> (Ticket<'_>, oneshot::Receiver<Handoff>) {
         let (handoff, handed) = oneshot::channel();
         let mut line = self.line.lock().unwrap();
         let id = line.next_id;

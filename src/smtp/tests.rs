@@ -982,6 +982,45 @@ async fn over_tls_the_body_arrives_whole_and_a_send_knows_when_its_dot_is_out() 
 }
 
 #[tokio::test]
+async fn over_tls_a_waiting_message_rides_behind_the_dot_and_both_arrive_whole() {
+    let (cert, key) = localhost_certificate();
+    for implicit in [false, true] {
+        let script = Script {
+            pipelining: true,
+            ..Script::default()
+        };
+        let s = tls_server(script, implicit, &cert, &key).await;
+        let pool = tls_pool(s.port, implicit, &cert);
+        let (one, two) = (message_with("the first"), message_with("the second"));
+        let permits = Arc::new(tokio::sync::Semaphore::new(1));
+        let permit = permits.clone().try_acquire_owned().unwrap();
+        let held = std::sync::Mutex::new(pool::Held::permit(permit));
+        let (_ticket, handed) = pool.line_up(&two);
+        let phase = Arc::new(PhaseCell::default());
+        pool.send(&one, &phase, &held).await.unwrap();
+        let handoff = handed
+            .await
+            .expect("the first send hands its connection over");
+        let next = std::sync::Mutex::new(pool::Held::handed(handoff));
+        let phase = Arc::new(PhaseCell::default());
+        pool.send(&two, &phase, &next).await.unwrap();
+        let c = &s.counters;
+        let bodies = c.bodies.lock().unwrap().clone();
+        assert_eq!(bodies.len(), 2, "implicit {implicit}");
+        for (body, m) in bodies.iter().zip([&one, &two]) {
+            let text = String::from_utf8(m.bytes.clone()).unwrap();
+            assert_eq!(body, &format!("{text}\r\n"), "implicit {implicit}");
+        }
+        assert_eq!(c.chained.load(Ordering::SeqCst), 1, "implicit {implicit}");
+        assert_eq!(c.connections.load(Ordering::SeqCst), 1);
+        // The permit went along with the connection, and is given back with it.
+        assert_eq!(permits.available_permits(), 0);
+        drop(next);
+        assert_eq!(permits.available_permits(), 1);
+    }
+}
+
+#[tokio::test]
 async fn a_break_after_the_final_dot_is_uncertain() {
     let closed = outcome(Script {
         after_dot: AfterDot::Close,
