@@ -18,10 +18,12 @@
 //! on a busy connection then costs one write and one read instead of two of each. Nothing of
 //! the waiting message is delivered before its own body's dot: if the first send fails, its
 //! connection is dropped with the waiting message's commands on it, and that send goes on
-//! waiting for a connection of its own. A pooled
-//! connection the server has closed meanwhile fails at MAIL FROM (no reply, or the 421 the
-//! server sent when it gave up on us), before anything was accepted: that send is retried once on a fresh connection, which costs nothing on the
-//! common path (no NOOP before every message).
+//! waiting for a connection of its own.
+//!
+//! A pooled connection the server has closed meanwhile fails at MAIL FROM (no reply, or the 421
+//! the server sent when it gave up on us), before anything was accepted: that send is retried
+//! once on a fresh connection, which costs nothing on the common path (no NOOP before every
+//! message).
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -49,7 +51,7 @@ struct Conn {
     smtp: AsyncSmtpConnection,
     /// The server offered PIPELINING: MAIL, RCPT and DATA go out in one write.
     pipelining: bool,
-    /// Sees the connection's reads: when the final dot is all written.
+    /// Sees the connection's reads and writes: when the final dot is all written.
     watch: Arc<DotWatch>,
 }
 
