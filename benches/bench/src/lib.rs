@@ -26,6 +26,7 @@
 //! argument) it does nothing, so the test suite never runs a benchmark.
 
 mod chart;
+mod delay;
 mod dlq;
 mod latency;
 pub mod ledger_cost;
@@ -338,6 +339,9 @@ async fn run(opts: Opts) -> anyhow::Result<()> {
     if opts.only == Some(Only::Smtp) {
         let s = raw::smtp(&sink, opts.raw_n, opts.floor_n).await?;
         println!("{}", report::raw_smtp_lines(&s));
+        for far in raw::smtp_far(&sink, opts.raw_n / 10).await? {
+            println!("{}", report::far_smtp_line(&far));
+        }
         return Ok(());
     }
     if opts.only == Some(Only::Backlog) {

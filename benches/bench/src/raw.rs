@@ -415,12 +415,17 @@ async fn pairs(
 pub async fn bench_mailer(
     sink: &SmtpSink,
 ) -> anyhow::Result<(Mailer, mailroom::smtp::Outgoing, usize)> {
+    bench_mailer_at(&sink.url()).await
+}
+
+/// [`bench_mailer`] sending to `url`.
+async fn bench_mailer_at(url: &str) -> anyhow::Result<(Mailer, mailroom::smtp::Outgoing, usize)> {
     let templates = Templates::load(&crate::mailroom().templates).context("loading templates/")?;
     let (_, body) = workload::job("rawsmtp", 0, chrono::Utc::now());
     let job = EmailJob::decode(&body)?;
     let rendered = templates.render(KIND, None, &job.job.data)?;
     let mailer = Mailer::new(&MailerSettings {
-        url: sink.url().parse().map_err(anyhow::Error::msg)?,
+        url: url.parse().map_err(anyhow::Error::msg)?,
         from: FROM.parse()?,
         message_id_domain: "mailroom.bench".into(),
         timeout: Duration::from_secs(60),
@@ -475,6 +480,40 @@ pub async fn smtp(sink: &SmtpSink, n: usize, floor_n: usize) -> anyhow::Result<R
         nodelay_floor,
         cpu,
     })
+}
+
+/// smtp-sink "far away": `Mailer` through [`crate::delay::DelayProxy`] at two round-trip
+/// times, `n` messages riding along and `n` on their own round trips each.
+pub async fn smtp_far(sink: &SmtpSink, n: usize) -> anyhow::Result<Vec<FarSmtp>> {
+    let mut runs = vec![];
+    for rtt_ms in [2, 10] {
+        let delay = Duration::from_micros(rtt_ms * 500);
+        let proxy =
+            crate::delay::DelayProxy::start(format!("127.0.0.1:{}", sink.port), delay).await?;
+        let (mailer, message, _) = bench_mailer_at(&proxy.url()).await?;
+        let (mailer, message) = (Arc::new(mailer), Arc::new(message));
+        let (along, along_lat, _) = smtp_loaded(&mailer, &message, sink, n, true).await?;
+        let (alone, alone_lat, _) = smtp_loaded(&mailer, &message, sink, n, false).await?;
+        runs.push(FarSmtp {
+            rtt_ms,
+            n,
+            along,
+            along_lat,
+            alone,
+            alone_lat,
+        });
+    }
+    Ok(runs)
+}
+
+/// One [`smtp_far`] run.
+pub struct FarSmtp {
+    pub rtt_ms: u64,
+    pub n: usize,
+    pub along: f64,
+    pub along_lat: Lat,
+    pub alone: f64,
+    pub alone_lat: Lat,
 }
 
 /// `n` messages through `mailer` by [`WORKER_CONCURRENCY`] senders: (messages/s, latency of

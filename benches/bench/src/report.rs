@@ -211,6 +211,21 @@ pub fn raw_smtp_lines(s: &crate::raw::RawSmtp) -> String {
     )
 }
 
+/// One run of `Mailer` against smtp-sink behind a delaying proxy (`--only smtp`).
+pub fn far_smtp_line(f: &crate::raw::FarSmtp) -> String {
+    format!(
+        "raw SMTP through Mailer, smtp-sink {} ms away (round trip, a delaying proxy), {} messages: riding along {:.0} msg/s (p50 {:.1} / p99 {:.1} ms), each on its own round trips {:.0} msg/s (p50 {:.1} / p99 {:.1} ms)",
+        f.rtt_ms,
+        f.n,
+        f.along,
+        f.along_lat.p50,
+        f.along_lat.p99,
+        f.alone,
+        f.alone_lat.p50,
+        f.alone_lat.p99
+    )
+}
+
 /// [`cost_line`] of a worker-only run, with its WAL, and the means of the steps around the send
 /// on a second line (`--only backlog` prints both).
 pub fn backlog_cost(w: &crate::workers::BacklogRun) -> String {
