@@ -67,19 +67,12 @@ async fn a_starved_smtp_pool_and_a_slow_server_send_each_job_once() {
 async fn claims_in_line_ahead_of_a_slow_pool_wait_within_their_lease_and_send_each_job_once() {
     // The same starved pool, with a lease that covers one more whole send (8 s for a 3 s
     // timeout): a second delivery claims while the one connection is busy and waits for it
-    // after its claim, riding behind the send in progress. It must get it within one send and
-    // send on a claim still its own.
+    // after its claim (riding behind the send in progress when it was in line before that
+    // send's 354). It must get it within one send and send on a claim still its own.
     let (_app, worker) = starved_pool("8s", "in-line", 8).await;
     let after_claim = worker.stats.longest_connection_wait();
     let given_back = worker.stats.given_back.load(Ordering::Relaxed);
-    let rode = worker.stats.rode_along.load(Ordering::Relaxed);
     worker.stop().await;
-    // The one connection was busy whenever a delivery in line waited for it: its commands went
-    // out behind the dot in progress and it took the connection over.
-    assert!(
-        rode > 0,
-        "no delivery in line rode behind the send in progress"
-    );
     assert!(
         after_claim > Duration::from_millis(700),
         "the fault did not land: no claimed delivery waited for the busy connection ({after_claim:?})"
@@ -159,14 +152,7 @@ async fn a_fast_server_turning_slow_gives_back_at_most_the_deeper_places_and_sen
     )
     .await;
     let given_back = worker.stats.given_back.load(Ordering::Relaxed);
-    let rode = worker.stats.rode_along.load(Ordering::Relaxed);
     worker.stop().await;
-    // The one connection was busy whenever a delivery in line waited for it: its commands went
-    // out behind the dot in progress and it took the connection over.
-    assert!(
-        rode > 0,
-        "no delivery in line rode behind the send in progress"
-    );
     for id in &ids {
         assert_eq!(app.smtp.count(&app.message_id(id, "welcome")), 1, "{id}");
     }
