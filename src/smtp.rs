@@ -18,6 +18,8 @@ mod session;
 mod tests;
 mod tls;
 
+pub use pool::WaitingGauge;
+
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -437,6 +439,14 @@ impl Mailer {
         match &self.transport {
             Transport::Smtp(pool) => pool.waiting(),
             Transport::File(_) => 0,
+        }
+    }
+
+    /// Follows [`Mailer::waiting`] from elsewhere (the worker's metrics).
+    pub fn waiting_gauge(&self) -> WaitingGauge {
+        match &self.transport {
+            Transport::Smtp(pool) => pool.waiting_gauge(),
+            Transport::File(_) => WaitingGauge::default(),
         }
     }
 

@@ -131,6 +131,7 @@ impl Worker {
             settings.domain_limits.clone(),
         ));
         stats.follow_throttle(throttle.clone());
+        stats.follow_smtp_line(mailer.waiting_gauge());
         Worker {
             throttle,
             replay_keys: ReplayKeys::new(settings.replay_key.clone(), db.clone()),

@@ -132,6 +132,24 @@ struct Line {
     waiting: VecDeque<Waiting>,
 }
 
+/// How many messages wait in a pool's line for a connection; always 0 without a pool.
+#[derive(Clone, Default)]
+pub struct WaitingGauge(Option<Arc<Mutex<Line>>>);
+
+impl WaitingGauge {
+    pub fn get(&self) -> usize {
+        self.0
+            .as_ref()
+            .map_or(0, |line| line.lock().unwrap().waiting.len())
+    }
+}
+
+impl std::fmt::Debug for WaitingGauge {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "WaitingGauge({})", self.get())
+    }
+}
+
 /// A message's place in the pool's line of waiting messages; dropped, it leaves the line.
 pub struct Ticket<'p> {
     pool: &'p Pool,
@@ -157,7 +175,7 @@ impl Drop for Ticket<'_> {
 pub struct Pool {
     endpoint: Endpoint,
     idle: Mutex<Vec<Idle>>,
-    line: Mutex<Line>,
+    line: Arc<Mutex<Line>>,
     /// Messages whose commands a send took along behind its dot.
     taken_along: AtomicU64,
 }
@@ -167,7 +185,7 @@ impl Pool {
         Pool {
             endpoint,
             idle: Mutex::new(vec![]),
-            line: Mutex::new(Line::default()),
+            line: Arc::default(),
             taken_along: AtomicU64::new(0),
         }
     }
@@ -252,6 +270,11 @@ impl Pool {
     /// Messages waiting for a connection right now.
     pub fn waiting(&self) -> usize {
         self.line.lock().unwrap().waiting.len()
+    }
+
+    /// Reads the length of this pool's line from elsewhere (the worker's metrics).
+    pub fn waiting_gauge(&self) -> WaitingGauge {
+        WaitingGauge(Some(self.line.clone()))
     }
 
     /// After an accepted message: the connection goes to the message taken along, with the

@@ -89,6 +89,8 @@ pub struct Stats {
     circuit: OnceLock<watch::Receiver<bool>>,
     /// The sending limits and their per-domain counters (set once the worker is built).
     throttle: OnceLock<Arc<Throttle>>,
+    /// Deliveries waiting now for a busy SMTP session (set once the worker is built).
+    smtp_line: OnceLock<crate::smtp::WaitingGauge>,
     /// Job `created_at` → SMTP accepted.
     pub end_to_end: Histogram,
     /// Where deliveries spend their time around the send.
@@ -187,6 +189,7 @@ impl Default for Stats {
             in_flight: AtomicI64::new(0),
             circuit: OnceLock::new(),
             throttle: OnceLock::new(),
+            smtp_line: OnceLock::new(),
             end_to_end: Histogram::new(END_TO_END_BUCKETS),
             steps: Steps::default(),
             ledger: Arc::default(),
@@ -255,6 +258,18 @@ impl Stats {
 
     pub(crate) fn follow_throttle(&self, throttle: Arc<Throttle>) {
         let _ = self.throttle.set(throttle);
+    }
+
+    pub(crate) fn follow_smtp_line(&self, line: crate::smtp::WaitingGauge) {
+        let _ = self.smtp_line.set(line);
+    }
+
+    /// Claimed deliveries waiting now for an SMTP session, every one in use: a send in progress
+    /// takes the first along behind its final dot (0 before a worker is built).
+    pub fn smtp_waiting(&self) -> usize {
+        self.smtp_line
+            .get()
+            .map_or(0, crate::smtp::WaitingGauge::get)
     }
 
     /// The worker's sending limits; `None` before a worker is built.

@@ -103,6 +103,7 @@ async fn metrics_count_jobs_as_they_are_sent_retried_and_dead_lettered() {
             1.0,
         ),
         ("mailroom_in_flight", 0.0),
+        ("mailroom_smtp_waiting", 0.0),
         (
             "mailroom_smtp_duration_seconds_count{kind=\"welcome\"}",
             2.0,

@@ -1,6 +1,6 @@
 //! The "once" promise when nothing crashes but the worker has to wait, and when the job's own
-//! bytes are unusual: a starved SMTP pool behind a slow server, a claim too late for a whole
-//! send, multibyte ids at the byte limit, ids that differ only in trailing spaces or Unicode
+//! bytes are unusual: a starved SMTP pool behind a slow server, a delivery riding behind the
+//! send that holds the one session, a claim too late for a whole send, multibyte ids at the byte limit, ids that differ only in trailing spaces or Unicode
 //! normalisation. Counted at the SMTP server, on every engine.
 
 use std::sync::atomic::Ordering;
@@ -12,6 +12,7 @@ use mailroom::db::is_data_error;
 use mailroom::db::{Claim, ClaimRequest};
 
 use crate::helpers::*;
+use mailroom_test_kit::smtp::Received;
 
 /// One SMTP session for 32 deliveries, a server taking 1.5 s per message and a 3 s send
 /// timeout under `lease`; `n` jobs, each published twice, all settled (sent or acked as the
@@ -85,6 +86,62 @@ async fn claims_in_line_ahead_of_a_slow_pool_wait_within_their_lease_and_send_ea
         given_back, 0,
         "every claim in line got its connection in time"
     );
+}
+
+/// Two jobs through one SMTP session, the server holding the first send's 354 until the second
+/// delivery has claimed and waits in line for the session: what the server saw of the second
+/// (`behind_dot`) and what the worker counted (`rode_along`), with each job received once.
+async fn one_held_behind_the_other(smtp_args: &[&str], prefix: &str) -> (Vec<Received>, u64) {
+    let gate_dir = tempfile::tempdir().unwrap();
+    let gate = gate_dir.path().join("hold-354");
+    std::fs::write(&gate, b"").unwrap();
+    let mut args = vec!["--gate-354", gate.to_str().unwrap()];
+    args.extend_from_slice(smtp_args);
+    let app = TestApp::spawn_with(&args).await;
+    let worker = app.start_worker(&["--smtp-connections", "1", "--concurrency", "8"]);
+    let ids = [format!("{prefix}-first"), format!("{prefix}-second")];
+    for id in &ids {
+        app.publish(&app.job(id)).await;
+    }
+    eventually(
+        "a claimed delivery waiting for the held session",
+        || async { (worker.stats.smtp_waiting() == 1).then_some(()) },
+    )
+    .await;
+    assert!(
+        app.smtp.received().is_empty(),
+        "the first send was not held at its 354"
+    );
+    std::fs::remove_file(&gate).unwrap();
+    worker.stats.wait_until(|s| s.sent >= 2).await;
+    let rode = worker.stats.rode_along.load(Ordering::Relaxed);
+    worker.stop().await;
+    for id in &ids {
+        assert_eq!(app.smtp.count(&app.message_id(id, "welcome")), 1, "{id}");
+    }
+    (app.smtp.received(), rode)
+}
+
+#[tokio::test]
+async fn a_delivery_waiting_for_the_busy_session_rides_behind_its_dot_and_each_job_is_sent_once() {
+    let (received, rode) = one_held_behind_the_other(&[], "ride").await;
+    let behind: Vec<bool> = received.iter().map(|r| r.behind_dot).collect();
+    assert_eq!(
+        behind,
+        [false, true],
+        "the second message's MAIL did not reach the server with the first one's dot"
+    );
+    assert_eq!(rode, 1, "the worker did not count the ride the server saw");
+}
+
+#[tokio::test]
+async fn without_pipelining_a_delivery_waiting_for_the_busy_session_waits_for_the_reply() {
+    let (received, rode) = one_held_behind_the_other(&["--no-pipelining"], "no-ride").await;
+    assert!(
+        received.iter().all(|r| !r.behind_dot),
+        "a message rode behind a dot to a server that does not pipeline: {received:?}"
+    );
+    assert_eq!(rode, 0);
 }
 
 /// Publishes a job for each of `batch`, adds them to `ids`, and waits until every job of `ids`

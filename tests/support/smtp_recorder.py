@@ -8,13 +8,16 @@ used: aiosmtpd.smtp.SMTP with a handler's handle_MAIL / handle_RCPT / handle_DAT
     /usr/bin/python3 tests/support/smtp_recorder.py --port 0 --log received.jsonl \\
         [--maildir DIR] [--fail STAGE:CODE[/ENHANCED][:COUNT[:DOMAIN]]]... [--data-delay SECONDS] [--stall-file FILE] \\
         [--stall-greeting COUNT] [--lose-reply close|silent[:COUNT]] [--max-sessions N] \\
+        [--gate-354 FILE] \\
         [--no-smtputf8] [--no-pipelining]
 
 Once listening it prints one line, `LISTENING <port>`, to stdout. Every ACCEPTED message is
 appended to --log as one JSON line {"mail_from", "rcpt_tos", "message_id", "data",
 "mail_at" (Unix time in seconds, when MAIL FROM was accepted), "received_at" (when the final
 dot is answered, after any --data-delay), "pipelined" (MAIL FROM, every RCPT TO and DATA
-arrived in one read, as a client pipelining them sends them)} and fsynced before the client is told 250, so a
+arrived in one read, as a client pipelining them sends them), "behind_dot" (MAIL FROM arrived
+in the same read as the previous message's final dot on this connection: the client wrote this
+message's commands behind that dot)} and fsynced before the client is told 250, so a
 reader that sees 250 finds the line; [mail_at, received_at] is the transaction, from which a
 test counts the deliveries in progress at once. --fail RCPT:451:2
 answers the first two RCPT commands (counted over all connections) with 451; without a count,
@@ -43,6 +46,10 @@ Faults for the tests of the uncertain window and of timeouts:
                            --data-delay before the final dot is answered (the chaos soak writes
                            and removes it). A client that gives up during the wait is not
                            recorded: its session is cancelled before the log line.
+  --gate-354 FILE          while FILE exists, the DATA command waits for its 354 (the server
+                           has read MAIL, RCPT and DATA and not yet asked for the content):
+                           a test holds a send there while it lines more up behind it, and
+                           removes FILE to let it go.
 """
 
 import argparse
@@ -136,6 +143,7 @@ class Recorder:
         self.data_delay = args.data_delay
         self.lose_reply = args.lose_reply
         self.stall_file = args.stall_file
+        self.gate_354 = args.gate_354
         self.verbose = args.verbose
         self.pipelining = not args.no_pipelining
         self.log = open(args.log, "a", encoding="utf-8") if args.log else None
@@ -193,6 +201,7 @@ class Recorder:
         if reply:
             return reply
         envelope.mail_read = server.reads
+        envelope.behind_dot = server.reads == getattr(server, "dot_read", None)
         envelope.mail_from = address
         envelope.mail_at = time.time()
         envelope.mail_options.extend(mail_options)
@@ -213,6 +222,9 @@ class Recorder:
         reply = self.injected(server, "DATA")
         if reply:
             return reply
+        # Nothing more is read before this message is answered (the client waits for the
+        # reply to its dot), so the read count is still the dot's.
+        server.dot_read = server.reads
         raw = envelope.original_content or b""
         message_id = self.header_parser.parsebytes(raw).get("Message-ID")
         message_id = " ".join(str(message_id).split()) if message_id is not None else None
@@ -233,6 +245,7 @@ class Recorder:
                 "received_at": time.time(),
                 "pipelined": getattr(envelope, "mail_read", None) is not None
                 and getattr(envelope, "mail_read", None) == getattr(envelope, "data_read", None),
+                "behind_dot": getattr(envelope, "behind_dot", False),
             }
             self.log.write(json.dumps(record, ensure_ascii=False) + "\n")
             self.log.flush()
@@ -302,6 +315,11 @@ class Session(SMTP):
             await self.push(reply)
             return
         self.envelope.data_read = getattr(self, "reads", 0)
+        gate = self.event_handler.gate_354
+        if gate and os.path.exists(gate):
+            self.event_handler.note("holding the 354 while the gate file exists")
+            while os.path.exists(gate):
+                await asyncio.sleep(0.005)
         await super().smtp_DATA(arg)
 
 
@@ -325,6 +343,8 @@ def parse_args(argv):
                    help="answer 421 and close beyond N concurrent sessions")
     p.add_argument("--stall-file", metavar="FILE",
                    help="while FILE holds a number of seconds, wait that long instead of --data-delay")
+    p.add_argument("--gate-354", metavar="FILE",
+                   help="while FILE exists, hold the 354 reply to the DATA command")
     p.add_argument("--no-smtputf8", action="store_true",
                    help="do not offer SMTPUTF8 (non-ASCII addresses are refused)")
     p.add_argument("--no-pipelining", action="store_true",

@@ -210,6 +210,12 @@ fn gauges(out: &mut String, w: &Stats) {
     );
     gauge(
         out,
+        "mailroom_smtp_waiting",
+        "Claimed deliveries waiting now for an SMTP session, every one in use; a send in progress takes the first along behind its final dot when the server offers PIPELINING.",
+        w.smtp_waiting(),
+    );
+    gauge(
+        out,
         "mailroom_in_flight",
         "Deliveries being processed now.",
         w.in_flight(),

@@ -25,6 +25,10 @@ pub struct Received {
     /// pipelined them.
     #[serde(default)]
     pub pipelined: bool,
+    /// MAIL FROM reached the server in the same read as the previous message's final dot on
+    /// its connection: the client wrote this message's commands behind that dot.
+    #[serde(default)]
+    pub behind_dot: bool,
 }
 
 /// A real SMTP server (tests/support/smtp_recorder.py) that logs every accepted message.
