@@ -88,10 +88,19 @@ async fn claims_in_line_ahead_of_a_slow_pool_wait_within_their_lease_and_send_ea
     );
 }
 
+/// What a server and a worker saw of two jobs sent through one SMTP session.
+struct HeldBehind {
+    /// As the server recorded them, in the order accepted.
+    received: Vec<Received>,
+    /// Sends that rode behind the previous message's dot, as the worker counted them.
+    rode: u64,
+    /// Deliveries handed to the retry queue.
+    retried: u64,
+}
+
 /// Two jobs through one SMTP session, the server holding the first send's 354 until the second
-/// delivery has claimed and waits in line for the session: what the server saw of the second
-/// (`behind_dot`) and what the worker counted (`rode_along`), with each job received once.
-async fn one_held_behind_the_other(smtp_args: &[&str], prefix: &str) -> (Vec<Received>, u64) {
+/// delivery has claimed and waits in line for the session; each job received once.
+async fn one_held_behind_the_other(smtp_args: &[&str], prefix: &str) -> HeldBehind {
     let gate_dir = tempfile::tempdir().unwrap();
     let gate = gate_dir.path().join("hold-354");
     std::fs::write(&gate, b"").unwrap();
@@ -114,34 +123,65 @@ async fn one_held_behind_the_other(smtp_args: &[&str], prefix: &str) -> (Vec<Rec
     );
     std::fs::remove_file(&gate).unwrap();
     worker.stats.wait_until(|s| s.sent >= 2).await;
+    let snapshot = worker.stats.snapshot();
     let rode = worker.stats.rode_along.load(Ordering::Relaxed);
     worker.stop().await;
     for id in &ids {
         assert_eq!(app.smtp.count(&app.message_id(id, "welcome")), 1, "{id}");
     }
-    (app.smtp.received(), rode)
+    HeldBehind {
+        received: app.smtp.received(),
+        rode,
+        retried: snapshot.retried,
+    }
 }
 
 #[tokio::test]
 async fn a_delivery_waiting_for_the_busy_session_rides_behind_its_dot_and_each_job_is_sent_once() {
-    let (received, rode) = one_held_behind_the_other(&[], "ride").await;
-    let behind: Vec<bool> = received.iter().map(|r| r.behind_dot).collect();
+    let seen = one_held_behind_the_other(&[], "ride").await;
+    let behind: Vec<bool> = seen.received.iter().map(|r| r.behind_dot).collect();
     assert_eq!(
         behind,
         [false, true],
         "the second message's MAIL did not reach the server with the first one's dot"
     );
-    assert_eq!(rode, 1, "the worker did not count the ride the server saw");
+    assert_eq!(
+        seen.rode, 1,
+        "the worker did not count the ride the server saw"
+    );
+    assert_eq!(seen.retried, 0);
 }
 
 #[tokio::test]
 async fn without_pipelining_a_delivery_waiting_for_the_busy_session_waits_for_the_reply() {
-    let (received, rode) = one_held_behind_the_other(&["--no-pipelining"], "no-ride").await;
+    let seen = one_held_behind_the_other(&["--no-pipelining"], "no-ride").await;
     assert!(
-        received.iter().all(|r| !r.behind_dot),
-        "a message rode behind a dot to a server that does not pipeline: {received:?}"
+        seen.received.iter().all(|r| !r.behind_dot),
+        "a message rode behind a dot to a server that does not pipeline: {:?}",
+        seen.received
     );
-    assert_eq!(rode, 0);
+    assert_eq!(seen.rode, 0);
+}
+
+#[tokio::test]
+async fn a_ride_refused_by_a_cap_on_messages_per_connection_is_sent_once_on_a_new_connection() {
+    // The server accepts one message per connection: the second's MAIL, written behind the
+    // first one's dot, is answered 421 and the connection closed. Nothing of it was accepted,
+    // so it goes out at once on a connection of its own, not through the retry queue.
+    let seen = one_held_behind_the_other(&["--session-messages", "1"], "capped").await;
+    assert_eq!(
+        seen.rode, 1,
+        "the fault did not land: nothing rode behind the dot"
+    );
+    assert!(
+        seen.received.iter().all(|r| !r.behind_dot),
+        "a message was accepted behind a dot on a capped connection: {:?}",
+        seen.received
+    );
+    assert_eq!(
+        seen.retried, 0,
+        "the refused ride went through the retry queue"
+    );
 }
 
 /// Publishes a job for each of `batch`, adds them to `ids`, and waits until every job of `ids`

@@ -8,7 +8,7 @@ used: aiosmtpd.smtp.SMTP with a handler's handle_MAIL / handle_RCPT / handle_DAT
     /usr/bin/python3 tests/support/smtp_recorder.py --port 0 --log received.jsonl \\
         [--maildir DIR] [--fail STAGE:CODE[/ENHANCED][:COUNT[:DOMAIN]]]... [--data-delay SECONDS] [--stall-file FILE] \\
         [--stall-greeting COUNT] [--lose-reply close|silent[:COUNT]] [--max-sessions N] \\
-        [--gate-354 FILE] \\
+        [--gate-354 FILE] [--session-messages N] \\
         [--no-smtputf8] [--no-pipelining]
 
 Once listening it prints one line, `LISTENING <port>`, to stdout. Every ACCEPTED message is
@@ -46,6 +46,9 @@ Faults for the tests of the uncertain window and of timeouts:
                            --data-delay before the final dot is answered (the chaos soak writes
                            and removes it). A client that gives up during the wait is not
                            recorded: its session is cancelled before the log line.
+  --session-messages N     after N accepted messages on one connection, the next MAIL FROM is
+                           answered `421 too many messages` and the connection closed, as
+                           providers that cap messages per connection do.
   --gate-354 FILE          while FILE exists, the DATA command waits for its 354 (the server
                            has read MAIL, RCPT and DATA and not yet asked for the content):
                            a test holds a send there while it lines more up behind it, and
@@ -144,6 +147,7 @@ class Recorder:
         self.lose_reply = args.lose_reply
         self.stall_file = args.stall_file
         self.gate_354 = args.gate_354
+        self.session_messages = args.session_messages
         self.verbose = args.verbose
         self.pipelining = not args.no_pipelining
         self.log = open(args.log, "a", encoding="utf-8") if args.log else None
@@ -200,6 +204,11 @@ class Recorder:
         reply = self.injected(server, "MAIL")
         if reply:
             return reply
+        if self.session_messages is not None and \
+                getattr(server, "accepted", 0) >= self.session_messages:
+            self.note(f"MAIL -> 421 (session cap of {self.session_messages} messages)")
+            asyncio.get_running_loop().call_soon(server.transport.close)
+            return "421 4.7.0 too many messages in this session, reconnect"
         envelope.mail_read = server.reads
         envelope.behind_dot = server.reads == getattr(server, "dot_read", None)
         envelope.mail_from = address
@@ -225,6 +234,7 @@ class Recorder:
         # Nothing more is read before this message is answered (the client waits for the
         # reply to its dot), so the read count is still the dot's.
         server.dot_read = server.reads
+        server.accepted = getattr(server, "accepted", 0) + 1
         raw = envelope.original_content or b""
         message_id = self.header_parser.parsebytes(raw).get("Message-ID")
         message_id = " ".join(str(message_id).split()) if message_id is not None else None
@@ -343,6 +353,8 @@ def parse_args(argv):
                    help="answer 421 and close beyond N concurrent sessions")
     p.add_argument("--stall-file", metavar="FILE",
                    help="while FILE holds a number of seconds, wait that long instead of --data-delay")
+    p.add_argument("--session-messages", type=int, metavar="N",
+                   help="answer MAIL with 421 and close once a connection carried N messages")
     p.add_argument("--gate-354", metavar="FILE",
                    help="while FILE exists, hold the 354 reply to the DATA command")
     p.add_argument("--no-smtputf8", action="store_true",
