@@ -48,7 +48,10 @@ pub const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// An open session and what its server offers beyond what lettre tracks.
 struct Conn {
-    smtp: AsyncSmtpConnection,
+    /// Boxed: lettre's connection is 1.2 KB inline (its stream, TLS state included), and a
+    /// connection moves on every send (out of the idle list, into a handoff, back) and sits in
+    /// every delivery's future inside its session.
+    smtp: Box<AsyncSmtpConnection>,
     /// The server offered PIPELINING: MAIL, RCPT and DATA go out in one write.
     pipelining: bool,
     /// Sees the connection's reads and writes: when the final dot is all written.
@@ -355,7 +358,7 @@ impl Pool {
             conn.auth(DEFAULT_MECHANISMS, credentials).await?;
         }
         Ok(Conn {
-            smtp: conn,
+            smtp: Box::new(conn),
             pipelining,
             watch,
         })
