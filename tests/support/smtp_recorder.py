@@ -231,8 +231,8 @@ class Recorder:
         reply = self.injected(server, "DATA")
         if reply:
             return reply
-        # Nothing more is read before this message is answered (the client waits for the
-        # reply to its dot), so the read count is still the dot's.
+        # A client sends nothing after its dot (and the commands it wrote behind it) until
+        # the dot is answered, so the read count is still that of the read with the dot.
         server.dot_read = server.reads
         server.accepted = getattr(server, "accepted", 0) + 1
         raw = envelope.original_content or b""
