@@ -49,7 +49,7 @@
 //! duplicates of the rows' next publish, which the worker's claim makes harmless.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU8, AtomicU64, Ordering};
 use std::time::Duration;
 
 use anyhow::Context;
@@ -66,6 +66,7 @@ use crate::failpoint;
 
 mod batch;
 mod binlog;
+pub mod floor;
 pub mod follower;
 mod wakeup;
 pub mod wal;
@@ -140,6 +141,9 @@ pub struct RelaySettings {
     /// How long the marks of the batch that drained the outbox may wait, uncommitted, for the
     /// next wake-ups' rows to share their commit (10 ms by default; zero commits at once).
     pub commit_hold: Duration,
+    /// PostgreSQL: how often a scan starts from the outbox's first row instead of the floor
+    /// ([`floor::ScanFloor`]); zero: always.
+    pub full_scan_every: Duration,
 }
 
 /// What the relay did, for tests, the benchmark and metrics.
@@ -169,6 +173,10 @@ pub struct RelayStats {
     pub woken: AtomicU64,
     /// Rescans after the wake-up source reconnected.
     pub resumed: AtomicU64,
+    /// PostgreSQL: the id the relay's scans start from ([`floor::ScanFloor`]; 0: the first row).
+    pub scan_floor: AtomicI64,
+    /// Steps the floor took (each one or two statements), risen or not.
+    pub floor_steps: AtomicU64,
     /// Sessions started (broker connected, wake-up source open).
     pub sessions: AtomicU64,
     /// The [`WakeupMode`] of the current session.
@@ -236,6 +244,8 @@ pub struct Relay {
     live: tokio::sync::watch::Sender<Option<lapin::ConnectionStatus>>,
     /// This session's `commit_hold` in microseconds, bounded by the server ([`hold_within`]).
     hold_us: AtomicU64,
+    /// Where scans start (PostgreSQL); only `wait_for_work` moves it, between drains.
+    floor: tokio::sync::Mutex<floor::ScanFloor>,
 }
 
 /// A batch claimed and written to the channel: its transaction holds the rows' locks until
@@ -270,12 +280,13 @@ struct Held {
 impl Relay {
     pub fn new(settings: RelaySettings, db: Database) -> Relay {
         Relay {
-            settings,
             db,
             stats: Arc::default(),
             wake: Arc::default(),
             live: tokio::sync::watch::Sender::new(None),
             hold_us: AtomicU64::new(0),
+            floor: tokio::sync::Mutex::new(floor::ScanFloor::new(settings.full_scan_every)),
+            settings,
         }
     }
 
@@ -518,12 +529,13 @@ impl Relay {
     ) -> anyhow::Result<Option<Written<'_>>> {
         self.stats.scans.fetch_add(1, Ordering::Relaxed);
         let limit = self.settings.batch_size;
+        let from = self.floor.lock().await.scan_from();
         let (mut batch, marks) = match held.take() {
             Some(Held { mut batch, marks }) => {
-                batch.claim_more(limit).await?;
+                batch.claim_more(limit, from).await?;
                 (batch, Some(marks))
             }
-            None => (self.db.claim_outbox_batch(limit).await?, None),
+            None => (self.db.claim_outbox_batch(limit, from).await?, None),
         };
         if batch.rows.is_empty() {
             match marks {
@@ -647,6 +659,7 @@ impl Relay {
         held: &mut Option<Held>,
         shutdown: &CancellationToken,
     ) -> anyhow::Result<bool> {
+        self.raise_floor().await;
         // When the next probe is due: a held commit in between does not postpone it.
         let mut probe_at = None;
         loop {
@@ -695,11 +708,38 @@ impl Relay {
                 anyhow::bail!("the broker connection closed while the relay was idle");
             }
             self.stats.probes.fetch_add(1, Ordering::Relaxed);
-            let found = self.db.outbox_has_work().await?;
+            self.raise_floor().await;
+            let from = self.floor.lock().await.probe_from();
+            let found = self.db.outbox_has_work(from).await?;
             wakeup.probed(found);
             if found {
                 poll.busy();
                 return Ok(true);
+            }
+        }
+    }
+
+    /// Takes a step of the scans' floor when one is due. A server that refuses the statements
+    /// (the relay's user may not read the outbox's id sequence) leaves every scan starting at
+    /// the first row, as before the floor, and says so once.
+    async fn raise_floor(&self) {
+        let mut floor = self.floor.lock().await;
+        let published = self.stats.published.load(Ordering::Relaxed);
+        match floor.step(&self.db, published).await {
+            Ok(false) => {}
+            Ok(true) => {
+                self.stats.floor_steps.fetch_add(1, Ordering::Relaxed);
+                self.stats
+                    .scan_floor
+                    .store(floor.value(), Ordering::Relaxed);
+            }
+            Err(e) => {
+                tracing::warn!(
+                    error = %e,
+                    "the relay cannot tell which outbox ids are settled; its scans start from the first row"
+                );
+                floor.disable();
+                self.stats.scan_floor.store(0, Ordering::Relaxed);
             }
         }
     }

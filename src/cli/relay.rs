@@ -48,6 +48,12 @@ pub struct RelayOptions {
     /// transaction left open (read at each session's start).
     #[arg(long, env = "MAILROOM_RELAY_COMMIT_HOLD", default_value = "10ms", value_parser = parse_commit_hold)]
     pub relay_commit_hold: Duration,
+    /// PostgreSQL: how often a scan of the outbox starts from its first row instead of from
+    /// the relay's floor (below which every row is published or will never be; the index
+    /// entries published rows leave there until a VACUUM are skipped). Only a row whose
+    /// `parked_at` an operator cleared waits for it. 0 scans from the first row every time.
+    #[arg(long, env = "MAILROOM_RELAY_FULL_SCAN_EVERY", default_value = "5s", value_parser = config::parse_duration)]
+    pub relay_full_scan_every: Duration,
     /// Published outbox rows older than this are deleted (in batches of 1,000).
     #[arg(long, env = "MAILROOM_OUTBOX_RETENTION", default_value = "7d", value_parser = config::parse_duration)]
     pub outbox_retention: Duration,
@@ -66,6 +72,7 @@ impl RelayOptions {
             wakeup: self.relay_wakeup,
             stream_pause_above: self.relay_stream_pause_above,
             commit_hold: self.relay_commit_hold,
+            full_scan_every: self.relay_full_scan_every,
         }
     }
 }

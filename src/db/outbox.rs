@@ -153,9 +153,9 @@ impl OutboxBatch {
     /// Claims (and marks) up to `limit` more rows in this transaction (into `rows`): rows
     /// committed since its last claim, never the ones it claimed already. Each statement reads
     /// what is committed when it runs (READ COMMITTED on both engines).
-    pub async fn claim_more(&mut self, limit: i64) -> Result<(), sqlx::Error> {
+    pub async fn claim_more(&mut self, limit: i64, from: i64) -> Result<(), sqlx::Error> {
         self.rows = match &mut self.tx {
-            BatchTx::Postgres(tx) => postgres::claim_outbox_batch(tx, limit).await?,
+            BatchTx::Postgres(tx) => postgres::claim_outbox_batch(tx, limit, from).await?,
             BatchTx::MySql(tx) => mysql::claim_outbox_batch(tx, limit).await?,
         };
         Ok(())
@@ -237,11 +237,15 @@ impl Database {
 
     /// Locks (and marks, uncommitted) up to `limit` publishable rows in id order, skipping rows
     /// other relays hold.
-    pub async fn claim_outbox_batch(&self, limit: i64) -> Result<OutboxBatch, sqlx::Error> {
+    pub async fn claim_outbox_batch(
+        &self,
+        limit: i64,
+        from: i64,
+    ) -> Result<OutboxBatch, sqlx::Error> {
         Ok(match self {
             Database::Postgres(pool) => {
                 let mut tx = pool.begin().await?;
-                let rows = postgres::claim_outbox_batch(&mut tx, limit).await?;
+                let rows = postgres::claim_outbox_batch(&mut tx, limit, from).await?;
                 OutboxBatch {
                     tx: BatchTx::Postgres(tx),
                     rows,
@@ -260,10 +264,38 @@ impl Database {
 
     /// Whether any row is ready to publish: one cheap statement without locks, so an idle
     /// polling relay costs one query per poll.
-    pub async fn outbox_has_work(&self) -> Result<bool, sqlx::Error> {
+    pub async fn outbox_has_work(&self, from: i64) -> Result<bool, sqlx::Error> {
         match self {
-            Database::Postgres(pool) => postgres::outbox_has_work(pool).await,
+            Database::Postgres(pool) => postgres::outbox_has_work(pool, from).await,
             Database::MySql(pool) => mysql::outbox_has_work(pool).await,
+        }
+    }
+
+    /// PostgreSQL: the last outbox id handed out and the transactions writing to the outbox
+    /// now, one of which may hold an id up to it uncommitted ([`ScanFloor`]); `None` on MySQL,
+    /// whose scans need no floor (InnoDB purges the index entries of published rows as it goes).
+    ///
+    /// [`ScanFloor`]: crate::relay::floor::ScanFloor
+    pub async fn outbox_ids_in_doubt(&self) -> Result<Option<(i64, Vec<String>)>, sqlx::Error> {
+        match self {
+            Database::Postgres(pool) => postgres::outbox_ids_in_doubt(pool).await.map(Some),
+            Database::MySql(_) => Ok(None),
+        }
+    }
+
+    /// PostgreSQL: whether every one of `writing` has ended (always true on MySQL).
+    pub async fn outbox_writers_ended(&self, writing: &[String]) -> Result<bool, sqlx::Error> {
+        match self {
+            Database::Postgres(pool) => postgres::transactions_ended(pool, writing).await,
+            Database::MySql(_) => Ok(true),
+        }
+    }
+
+    /// The smallest id from `from` on of a row unpublished and unparked, due or not.
+    pub async fn first_pending_outbox_id(&self, from: i64) -> Result<Option<i64>, sqlx::Error> {
+        match self {
+            Database::Postgres(pool) => postgres::first_pending_id(pool, from).await,
+            Database::MySql(_) => Ok(None),
         }
     }
 

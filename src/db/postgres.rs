@@ -201,7 +201,7 @@ UPDATE mailroom_outbox o
 SET published_at = statement_timestamp(), publish_attempts = o.publish_attempts + 1,
     last_error = NULL
 FROM (SELECT id FROM mailroom_outbox
-      WHERE published_at IS NULL AND parked_at IS NULL
+      WHERE published_at IS NULL AND parked_at IS NULL AND id >= $2
         AND (next_attempt_at IS NULL OR next_attempt_at <= statement_timestamp())
       ORDER BY id
       LIMIT $1
@@ -213,9 +213,11 @@ RETURNING o.id, o.job_id, o.kind, o.payload::text AS payload,
 pub(super) async fn claim_outbox_batch(
     tx: &mut PgConnection,
     limit: i64,
+    from: i64,
 ) -> Result<Vec<PendingRow>, sqlx::Error> {
     let mut rows: Vec<PendingRow> = sqlx::query_as(CLAIM_BATCH)
         .bind(limit)
+        .bind(from)
         .fetch_all(tx)
         .await?;
     // RETURNING follows the join, not the subquery's order.
@@ -223,12 +225,66 @@ pub(super) async fn claim_outbox_batch(
     Ok(rows)
 }
 
-pub(super) async fn outbox_has_work(pool: &PgPool) -> Result<bool, sqlx::Error> {
+pub(super) async fn outbox_has_work(pool: &PgPool, from: i64) -> Result<bool, sqlx::Error> {
     sqlx::query_scalar(
         "SELECT EXISTS (SELECT 1 FROM mailroom_outbox
-         WHERE published_at IS NULL AND parked_at IS NULL
+         WHERE published_at IS NULL AND parked_at IS NULL AND id >= $1
            AND (next_attempt_at IS NULL OR next_attempt_at <= now()))",
     )
+    .bind(from)
+    .fetch_one(pool)
+    .await
+}
+
+/// The last outbox id handed out so far (0 before the first), then the transactions, by
+/// virtual id, that are writing to the outbox now: only an `INSERT` into it takes an id (the
+/// column is `GENERATED ALWAYS`), after its lock on the table, so a transaction that took an
+/// id up to the first answer and has not ended is among the second. Not a snapshot's `xmin`:
+/// a transaction gets an xid at its first row written, after its id.
+pub(super) async fn outbox_ids_in_doubt(pool: &PgPool) -> Result<(i64, Vec<String>), sqlx::Error> {
+    let mut conn = pool.acquire().await?;
+    let last: i64 = sqlx::query_scalar(
+        "SELECT COALESCE(pg_sequence_last_value(
+             pg_get_serial_sequence('mailroom_outbox', 'id')::regclass), 0)",
+    )
+    .fetch_one(&mut *conn)
+    .await?;
+    let writing: Vec<String> = sqlx::query_scalar(
+        "SELECT DISTINCT virtualtransaction FROM pg_locks
+         WHERE locktype = 'relation' AND relation = 'mailroom_outbox'::regclass
+           AND mode = 'RowExclusiveLock' AND pid IS DISTINCT FROM pg_backend_pid()",
+    )
+    .fetch_all(&mut *conn)
+    .await?;
+    Ok((last, writing))
+}
+
+/// Whether every one of `writing` (virtual transaction ids) has ended, and no prepared
+/// transaction (two-phase commit) holds the outbox.
+pub(super) async fn transactions_ended(
+    pool: &PgPool,
+    writing: &[String],
+) -> Result<bool, sqlx::Error> {
+    sqlx::query_scalar(
+        "SELECT NOT EXISTS (SELECT 1 FROM pg_locks
+                            WHERE locktype = 'virtualxid' AND virtualxid = ANY($1))
+            AND NOT EXISTS (SELECT 1 FROM pg_locks
+                            WHERE locktype = 'relation' AND pid IS NULL
+                              AND relation = 'mailroom_outbox'::regclass)",
+    )
+    .bind(writing)
+    .fetch_one(pool)
+    .await
+}
+
+/// The smallest id of a row that is or may again be published from `from` on: unpublished and
+/// unparked, due or not (a row in another relay's uncommitted batch still reads unpublished).
+pub(super) async fn first_pending_id(pool: &PgPool, from: i64) -> Result<Option<i64>, sqlx::Error> {
+    sqlx::query_scalar(
+        "SELECT min(id) FROM mailroom_outbox
+         WHERE published_at IS NULL AND parked_at IS NULL AND id >= $1",
+    )
+    .bind(from)
     .fetch_one(pool)
     .await
 }

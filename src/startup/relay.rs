@@ -30,6 +30,8 @@ pub struct RelayTuning {
     pub stream_pause_above: u32,
     /// How long a drained batch's marks may wait for the next rows' commit.
     pub commit_hold: Duration,
+    /// PostgreSQL: how often a scan starts from the outbox's first row, not the floor.
+    pub full_scan_every: Duration,
 }
 
 /// What `mailroom relay` needs.
@@ -88,6 +90,7 @@ pub fn build_relay(
         wakeup: tuning.wakeup,
         stream_pause_above: tuning.stream_pause_above,
         commit_hold: tuning.commit_hold.min(crate::relay::MAX_COMMIT_HOLD),
+        full_scan_every: tuning.full_scan_every,
     };
     Ok(Relay::new(settings, db))
 }

@@ -642,3 +642,129 @@ async fn enqueue_and_status_commands_walk_a_job_to_sent() {
     relay.stop().await;
     worker.stop().await;
 }
+
+#[tokio::test]
+async fn the_scans_floor_rises_past_published_rows_and_never_past_an_id_not_yet_committed() {
+    if !runs_on(
+        Engine::Postgres,
+        "the floor skips PostgreSQL's index entries of published rows; InnoDB purges them",
+    ) {
+        return;
+    }
+    let app = TestApp::spawn().await;
+    let worker = app.start_worker(&[]);
+    // No full scan in this test: only the floor can find the late row.
+    let relay = app.start_relay(&["--relay-full-scan-every", "1h"]);
+    let floor = || relay.stats.scan_floor.load(Ordering::Relaxed);
+    let steps = || relay.count(|s| &s.floor_steps);
+    let mut last_published = 0;
+    for i in 0..3 {
+        let Enqueued::New(id) = app
+            .enqueue(&app.email_job(&format!("before-{i}")))
+            .await
+            .unwrap()
+        else {
+            panic!("a new row")
+        };
+        last_published = id;
+    }
+    app.smtp.wait_for(3).await;
+    eventually("the floor past the published rows", || async {
+        (floor() > last_published).then_some(())
+    })
+    .await;
+
+    // A producer holds an id and has not committed; a later id commits and is published.
+    let mut tx = app.begin().await;
+    let Enqueued::New(early) = tx
+        .enqueue(&app.email_job("early-id-late-commit"))
+        .await
+        .unwrap()
+    else {
+        panic!("a new row")
+    };
+    app.enqueue(&app.email_job("late-id-early-commit"))
+        .await
+        .unwrap();
+    app.wait_for_row("late-id-early-commit", "welcome", "later row sent", |n| {
+        n.status.as_str() == "sent"
+    })
+    .await;
+    // A round of the floor begins after a row was published and ends in its next step at the
+    // earliest: two steps give it the chance to rise past the open transaction's id.
+    let taken = steps();
+    eventually("two more steps of the floor", || async {
+        (steps() >= taken + 2).then_some(())
+    })
+    .await;
+    assert!(
+        floor() <= early,
+        "the floor ({}) rose past id {early}, held by a transaction not yet committed",
+        floor()
+    );
+    tx.commit().await;
+    app.wait_for_row("early-id-late-commit", "welcome", "earlier row sent", |n| {
+        n.status.as_str() == "sent"
+    })
+    .await;
+    eventually("the floor past every row", || async {
+        (floor() > early + 1).then_some(())
+    })
+    .await;
+    relay.stop().await;
+    worker.stop().await;
+    assert_eq!(app.smtp.received().len(), 5);
+}
+
+#[tokio::test]
+async fn a_row_unparked_below_the_scans_floor_is_published_by_the_next_full_scan() {
+    if !runs_on(
+        Engine::Postgres,
+        "the floor skips PostgreSQL's index entries of published rows; InnoDB purges them",
+    ) {
+        return;
+    }
+    let app = TestApp::spawn().await;
+    let worker = app.start_worker(&[]);
+    let relay = app.start_relay(&["--relay-full-scan-every", "1s"]);
+    let floor = || relay.stats.scan_floor.load(Ordering::Relaxed);
+    // A row the relay gave up on (parked), then rows published after it.
+    let mut tx = app.begin().await;
+    let Enqueued::New(parked) = tx.enqueue(&app.email_job("parked")).await.unwrap() else {
+        panic!("a new row")
+    };
+    tx.execute(&format!(
+        "UPDATE mailroom_outbox SET parked_at = now() WHERE id = {parked}"
+    ))
+    .await;
+    tx.commit().await;
+    let mut last = 0;
+    for i in 0..3 {
+        let Enqueued::New(id) = app
+            .enqueue(&app.email_job(&format!("after-{i}")))
+            .await
+            .unwrap()
+        else {
+            panic!("a new row")
+        };
+        last = id;
+    }
+    app.smtp.wait_for(3).await;
+    eventually("the floor past the parked row", || async {
+        (floor() > last).then_some(())
+    })
+    .await;
+    // An operator clears `parked_at`, as docs/PRODUCERS.md says: only a full scan looks below
+    // the floor.
+    app.execute(&format!(
+        "UPDATE mailroom_outbox SET parked_at = NULL WHERE id = {parked}"
+    ))
+    .await;
+    app.wait_for_row("parked", "welcome", "the unparked row sent", |n| {
+        n.status.as_str() == "sent"
+    })
+    .await;
+    relay.stop().await;
+    worker.stop().await;
+    assert_eq!(app.smtp.received().len(), 4);
+}
