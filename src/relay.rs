@@ -721,7 +721,8 @@ impl Relay {
 
     /// Takes a step of the scans' floor when one is due. A server that refuses the statements
     /// (the relay's user may not read the outbox's id sequence) leaves every scan starting at
-    /// the first row, as before the floor, and says so once.
+    /// the first row, as before the floor, and says so once; a step that failed otherwise (a
+    /// dropped connection) is taken again by the next round, the floor where it was.
     async fn raise_floor(&self) {
         let mut floor = self.floor.lock().await;
         let published = self.stats.published.load(Ordering::Relaxed);
@@ -733,7 +734,7 @@ impl Relay {
                     .scan_floor
                     .store(floor.value(), Ordering::Relaxed);
             }
-            Err(e) => {
+            Err(e) if floor::ScanFloor::refused(&e) => {
                 tracing::warn!(
                     error = %e,
                     "the relay cannot tell which outbox ids are settled; its scans start from the first row"
@@ -741,6 +742,7 @@ impl Relay {
                 floor.disable();
                 self.stats.scan_floor.store(0, Ordering::Relaxed);
             }
+            Err(e) => tracing::debug!(error = %e, "a step of the outbox scans' floor failed"),
         }
     }
 

@@ -13,7 +13,7 @@
 //! The next, once all of those have ended, reads the first pending id from the floor on: every
 //! id up to S is now committed or never will be, so the floor becomes that id, or S + 1 when
 //! none is pending. A row below the floor that becomes pending again (an operator clears its
-//! `parked_at`) is found by a full scan, one every [`ScanFloor::full_every`]; a relay's own
+//! `parked_at`) is found by a full scan, one every `--relay-full-scan-every`; a relay's own
 //! uncommitted marks read as pending to the step, so they never put their rows below it.
 
 use std::time::Duration;
@@ -79,6 +79,12 @@ impl ScanFloor {
 
     pub fn value(&self) -> i64 {
         self.value
+    }
+
+    /// Whether `e` says this server will never answer the floor's statements (class 42: no
+    /// privilege on the id sequence, a function this server lacks), not that it failed once.
+    pub fn refused(e: &sqlx::Error) -> bool {
+        matches!(e, sqlx::Error::Database(d) if d.code().is_some_and(|c| c.starts_with("42")))
     }
 
     /// Every scan from the first row from now on.
