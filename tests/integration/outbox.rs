@@ -643,36 +643,50 @@ async fn enqueue_and_status_commands_walk_a_job_to_sent() {
     worker.stop().await;
 }
 
-#[tokio::test]
-async fn the_scans_floor_rises_past_published_rows_and_never_past_an_id_not_yet_committed() {
+/// On PostgreSQL (the floor is its own: InnoDB purges the index entries of published rows), an
+/// app with a worker and a relay that scans from the first row every `full_every`.
+async fn floor_app(full_every: &str) -> Option<(TestApp, RunningWorker, RunningRelay)> {
     if !runs_on(
         Engine::Postgres,
         "the floor skips PostgreSQL's index entries of published rows; InnoDB purges them",
     ) {
-        return;
+        return None;
     }
     let app = TestApp::spawn().await;
     let worker = app.start_worker(&[]);
-    // No full scan in this test: only the floor can find the late row.
-    let relay = app.start_relay(&["--relay-full-scan-every", "1h"]);
-    let floor = || relay.stats.scan_floor.load(Ordering::Relaxed);
-    let steps = || relay.count(|s| &s.floor_steps);
-    let mut last_published = 0;
+    let relay = app.start_relay(&["--relay-full-scan-every", full_every]);
+    Some((app, worker, relay))
+}
+
+/// Enqueues three jobs named `prefix-N`, waits until they were sent and until `relay`'s scans
+/// start past the last of them; returns its outbox id.
+async fn published_under_the_floor(app: &TestApp, relay: &RunningRelay, prefix: &str) -> i64 {
+    let sent = app.smtp.received().len() + 3;
+    let mut last = 0;
     for i in 0..3 {
-        let Enqueued::New(id) = app
-            .enqueue(&app.email_job(&format!("before-{i}")))
-            .await
-            .unwrap()
-        else {
+        let job = app.email_job(&format!("{prefix}-{i}"));
+        let Enqueued::New(id) = app.enqueue(&job).await.unwrap() else {
             panic!("a new row")
         };
-        last_published = id;
+        last = id;
     }
-    app.smtp.wait_for(3).await;
+    app.smtp.wait_for(sent).await;
     eventually("the floor past the published rows", || async {
-        (floor() > last_published).then_some(())
+        (relay.stats.scan_floor.load(Ordering::Relaxed) > last).then_some(())
     })
     .await;
+    last
+}
+
+#[tokio::test]
+async fn the_scans_floor_rises_past_published_rows_and_never_past_an_id_not_yet_committed() {
+    // No full scan in this test: only the floor can find the late row.
+    let Some((app, worker, relay)) = floor_app("1h").await else {
+        return;
+    };
+    let floor = || relay.stats.scan_floor.load(Ordering::Relaxed);
+    let steps = || relay.count(|s| &s.floor_steps);
+    published_under_the_floor(&app, &relay, "before").await;
 
     // A producer holds an id and has not committed; a later id commits and is published.
     let mut tx = app.begin().await;
@@ -718,15 +732,9 @@ async fn the_scans_floor_rises_past_published_rows_and_never_past_an_id_not_yet_
 
 #[tokio::test]
 async fn a_row_unparked_below_the_scans_floor_is_published_by_the_next_full_scan() {
-    if !runs_on(
-        Engine::Postgres,
-        "the floor skips PostgreSQL's index entries of published rows; InnoDB purges them",
-    ) {
+    let Some((app, worker, relay)) = floor_app("1s").await else {
         return;
-    }
-    let app = TestApp::spawn().await;
-    let worker = app.start_worker(&[]);
-    let relay = app.start_relay(&["--relay-full-scan-every", "1s"]);
+    };
     let floor = || relay.stats.scan_floor.load(Ordering::Relaxed);
     // A row the relay gave up on (parked), then rows published after it.
     let mut tx = app.begin().await;
@@ -738,22 +746,8 @@ async fn a_row_unparked_below_the_scans_floor_is_published_by_the_next_full_scan
     ))
     .await;
     tx.commit().await;
-    let mut last = 0;
-    for i in 0..3 {
-        let Enqueued::New(id) = app
-            .enqueue(&app.email_job(&format!("after-{i}")))
-            .await
-            .unwrap()
-        else {
-            panic!("a new row")
-        };
-        last = id;
-    }
-    app.smtp.wait_for(3).await;
-    eventually("the floor past the parked row", || async {
-        (floor() > last).then_some(())
-    })
-    .await;
+    let last = published_under_the_floor(&app, &relay, "after").await;
+    assert!(floor() > parked && last > parked);
     // An operator clears `parked_at`, as docs/PRODUCERS.md says: only a full scan looks below
     // the floor.
     app.execute(&format!(
